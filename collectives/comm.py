@@ -1,0 +1,359 @@
+"""The communicator (NCCL ``src/init.cc``: ``ncclCommInitRank`` → ``initTransportsRank``; ``src/collectives.cc``;
+``src/enqueue.cc``: ``ncclEnqueueCheck``).
+
+Init: bootstrap ring, allgather of peer info (host hash, pid, ...), channel count, one ring per channel
+(``setupChannel``), then ``ncclTransportRingConnect``: per channel a recv connector from ``ring.prev`` and a send
+connector to ``ring.next``, set up through the transport and connected after an exchange of connect blobs.
+A collective: check the arguments, publish its signature, split it across channels (``enqueue.schedule_coll``),
+and run the per-channel algorithm (``device/*.run_ring``) over ``PrimitivesSimple`` in one kernel.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tracing import debug
+from transports import shm
+from transports.connector import Connector
+
+from . import enqueue, sockets
+from .bootstrap import Bootstrap, UniqueId
+from .device import all_gather, all_reduce, broadcast, reduce, reduce_scatter
+from .device.common import CollectiveError, Kernel
+from .device.prims_simple import PrimitivesSimple
+from .device.reduce_copy import DTYPE_CODES, OPS, RedOp, dtype_name, parse_op, reduce_copy
+from .graph.rings import Ring, ring_log_line, ring_orders, setup_ring
+from .param import MAXCHANNELS, env_int
+from .status import FUNC_CODES, StatusPage, describe
+
+DEFAULT_NCHANNELS_CPU = 1  # measured: on 2 cores one channel streams best (README); NCCL derives it from its topology search
+DEFAULT_BUFFSIZE = 1 << 22
+
+
+@dataclass
+class Channel:
+    """``struct ncclChannel``: its ring and its connectors (``peers[...]->send[0]/recv[0]``)."""
+    id: int
+    ring: Ring
+    send: Connector | None = None
+    recv: Connector | None = None
+    extra: dict = field(default_factory=dict)
+
+
+class Communicator:
+    """``ncclComm``: ``Communicator(unique_id, nranks, rank)``, or ``Communicator()`` to read the launcher's
+    (or mpirun's) environment.  A context manager: leaving the block calls ``destroy``."""
+
+    def __init__(self, unique_id: UniqueId | bytes | None = None, nranks: int | None = None,
+                 rank: int | None = None, *, rings: list[list[int]] | None = None,
+                 nchannels: int | None = None):
+        if unique_id is None:
+            from .launch import rank_env
+            unique_id, nranks, rank = rank_env()
+        if isinstance(unique_id, (bytes, bytearray)):
+            unique_id = UniqueId.from_bytes(bytes(unique_id))
+        if nranks is None or rank is None:
+            raise ValueError("Communicator needs unique_id, nranks and rank (or a launcher environment)")
+        self.rank, self.nranks = rank, nranks
+        self.op_count = 0
+        self._error: str | None = None
+        self._destroyed = False
+        self.bootstrap = Bootstrap(unique_id, rank, nranks)
+        self._status_pages: dict[int, StatusPage] = {}
+        self._shm: shm.ShmSetup | None = None
+        try:
+            self._init_transports(unique_id, rings, nchannels)
+        except BaseException:
+            self._release_segments()
+            self.bootstrap.close()
+            raise
+
+    # ------------------------------------------------------------------ init
+    def _init_transports(self, uid: UniqueId, rings, nchannels) -> None:
+        nch = nchannels or DEFAULT_NCHANNELS_CPU
+        nch = min(env_int("NCCL_MAX_NCHANNELS", env_int("NCCL_MAX_NRINGS", MAXCHANNELS)), nch, MAXCHANNELS)
+        min_ch = env_int("NCCL_MIN_NCHANNELS", env_int("NCCL_MIN_NRINGS", 0))
+        self.buff_size = env_int("NCCL_BUFFSIZE", DEFAULT_BUFFSIZE)
+        if self.buff_size <= 0 or self.buff_size % (8 * 4096):
+            raise ValueError(f"NCCL_BUFFSIZE={self.buff_size} must be a positive multiple of 32768")
+        my_tag = f"{uid.magic:012x}"[-12:] if uid.magic else secrets.token_hex(6)
+        self.host_hash = sockets.host_hash()
+        info = {"rank": self.rank, "host_hash": self.host_hash, "pid": os.getpid(), "host": socket.gethostname(),
+                "nchannels": max(1, nch), "min_channels": min_ch, "buff_size": self.buff_size, "tag": my_tag,
+                "rings": rings}
+        self.peer_info = self.bootstrap.allgather_obj(info)
+        if len({p["buff_size"] for p in self.peer_info}) != 1:
+            raise ValueError(f"NCCL_BUFFSIZE differs across ranks: {[p['buff_size'] for p in self.peer_info]}")
+        self.tag = self.peer_info[0]["tag"]
+        # NCCL takes the minimum channel count over ranks, then copies channels up to NCCL_MIN_NCHANNELS.
+        base = min(p["nchannels"] for p in self.peer_info)
+        self.nchannels = min(MAXCHANNELS, max(base, max(p["min_channels"] for p in self.peer_info)))
+        hosts = [p["host_hash"] for p in self.peer_info]
+        node_of_hash: dict[int, int] = {}
+        for h in hosts:
+            node_of_hash.setdefault(h, len(node_of_hash))
+        self.nnodes = len(node_of_hash)
+        self.local_ranks = [r for r in range(self.nranks) if hosts[r] == self.host_hash]
+        self.local_rank = self.local_ranks.index(self.rank)
+        debug.set_device(self.local_rank)
+        orders = ring_orders(self.nranks, base, self.peer_info[0]["rings"])
+        self.channels = [Channel(c, setup_ring(orders[c % base], self.rank)) for c in range(self.nchannels)]
+        self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, {"Simple": self.buff_size},
+                                             nthreads=env_int("NCCL_NTHREADS", 512))
+        debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nRanks {self.nranks} nNodes {self.nnodes} "
+                           f"localRanks {len(self.local_ranks)} localRank {self.local_rank} MNNVL 0")
+        if self.rank == 0:
+            for ch in self.channels:
+                debug.info("INIT", ring_log_line(ch.id, self.nchannels, list(ch.ring.order)))
+        self._connect_status()
+        if self.nranks > 1:
+            self._connect_rings()
+        debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nranks {self.nranks} cudaDev {self.local_rank} "
+                           f"nvmlDev {self.local_rank} busId 0 commId {hex(uid.magic)} - Init COMPLETE")
+
+    def _connect_status(self) -> None:
+        name = f"nccllab-{self.tag}-r{self.rank}-status"
+        self._status = StatusPage.create(name)
+        self._status_pages[self.rank] = self._status
+        try:
+            self.bootstrap.barrier()
+            for r in self.local_ranks:
+                if r != self.rank:
+                    self._status_pages[r] = StatusPage.attach(f"nccllab-{self.tag}-r{r}-status")
+            self.bootstrap.barrier()
+        finally:
+            self._status.seg.unlink()
+
+    def _connect_rings(self) -> None:
+        """``ncclTransportRingConnect``: recv from prev, send to next, on every channel (connIndex 0)."""
+        me = self.peer_info[self.rank]
+        for ch in self.channels:
+            for peer in (ch.ring.prev, ch.ring.next):
+                if not shm.can_connect(me, self.peer_info[peer]):
+                    raise CollectiveError(
+                        f"rank {self.rank}: no transport to rank {peer} (other host, or NCCL_SHM_DISABLE=1); "
+                        f"this version has SHM only, the NET transport comes next")
+        self._shm = shm.ShmSetup(self.tag, self.rank, self.buff_size)
+        blobs = {}
+        for ch in self.channels:
+            blobs[("recv", ch.id)] = self._shm.recv_setup(ch.id, ch.ring.prev)
+            blobs[("send", ch.id)] = self._shm.send_setup(ch.id, ch.ring.next)
+        all_blobs = self.bootstrap.allgather_obj(blobs)
+        try:
+            for ch in self.channels:
+                prev, nxt = ch.ring.prev, ch.ring.next
+                ch.recv = self._shm.recv_connect(blobs[("recv", ch.id)], all_blobs[prev][("send", ch.id)], prev)
+                ch.send = self._shm.send_connect(blobs[("send", ch.id)], all_blobs[nxt][("recv", ch.id)], nxt)
+                for conn, a, b, d in ((ch.send, self.rank, nxt, "send"), (ch.recv, prev, self.rank, "receive")):
+                    debug.info("SHM", f"Channel {ch.id:02d} : {a}[{a}] -> {b}[{b}] [{d}] via SHM/direct/direct")
+            self.bootstrap.barrier()  # every peer has mapped our segments
+        finally:
+            self._shm.unlink_all()
+        debug.info("INIT", "Connected all rings, use ring PXN 0 GDR 0")
+
+    def _release_segments(self) -> None:
+        if self._shm is not None:
+            self._shm.unlink_all()
+        page = self._status_pages.get(self.rank)
+        if page is not None:
+            page.seg.unlink()
+
+    # ------------------------------------------------------------------ health (called while a kernel spins)
+    def _health(self, kernel: Kernel) -> None:
+        for r, page in self._status_pages.items():
+            if r == self.rank:
+                continue
+            if page.aborted:
+                raise CollectiveError(f"rank {self.rank}: rank {r} aborted: {page.message}")
+            if not sockets.pid_alive(self.peer_info[r]["pid"]):
+                raise CollectiveError(f"rank {self.rank}: rank {r} (pid {self.peer_info[r]['pid']}) is gone "
+                                      f"(killed or exited) during {kernel.func}: {kernel.describe_wait()}")
+            sig = page.signature(kernel.op_count)
+            if sig is not None and sig != self._signature:
+                self._mismatch(r, sig)
+
+    def _check_peer_op(self, peer: int) -> None:
+        """Before consuming a peer's first data of this collective: it must be running the same call."""
+        page = self._status_pages.get(peer)
+        if page is None:
+            return
+        sig = page.signature(self.op_count)
+        if sig != self._signature:
+            self._mismatch(peer, sig)
+
+    def _mismatch(self, peer: int, sig) -> None:
+        names = {v: k for k, v in DTYPE_CODES.items()}
+        theirs = describe(sig, names) if sig else "a different collective (opCount differs)"
+        raise CollectiveError(f"rank {self.rank}: collective mismatch with rank {peer} at opCount {self.op_count}: "
+                              f"this rank called {describe(self._signature, names)}, rank {peer} called {theirs}")
+
+    # ------------------------------------------------------------------ collectives
+    def _check(self) -> None:
+        if self._destroyed:
+            raise RuntimeError("communicator was destroyed")
+        if self._error:
+            raise CollectiveError(f"communicator is in error state after: {self._error}")
+
+    def _launch(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> None:
+        """``ncclEnqueueCheck`` + ``ncclLaunchKernel`` for one collective."""
+        self._check()
+        op = parse_op(op)
+        dtype = send.dtype
+        self._signature = (FUNC_CODES[func], count, DTYPE_CODES[dtype_name(dtype)], OPS[op], root)
+        self._status.publish(self.op_count, self._signature)
+        debug.info("COLL", f"{func}: opCount {self.op_count:x} sendbuff {hex(send.ctypes.data)} recvbuff "
+                           f"{hex(recv.ctypes.data)} count {count} datatype {DTYPE_CODES[dtype_name(dtype)]} op "
+                           f"{OPS[op]} root {root} comm {hex(id(self))} [nranks={self.nranks}] stream 0x0")
+        try:
+            redop = RedOp(op, np.dtype(dtype), self.nranks)
+            if count == 0:
+                return  # NCCL returns before enqueueing anything
+            if self.nranks == 1:
+                self._one_rank(func, send, recv, redop)
+                return
+            self._run(func, send, recv, count, redop, root)
+        except CollectiveError as exc:
+            self._error = str(exc)
+            self._status.abort(str(exc))
+            debug.warn(str(exc))
+            raise
+        finally:
+            self.op_count += 1
+
+    def _one_rank(self, func: str, send, recv, redop: RedOp) -> None:
+        """``ncclLaunchOneRank``: a local reduce-copy applying the pre- and post-op."""
+        n = len(recv)
+        reduce_copy(redop, [send[:n]], [recv[:n]], pre_op=True, post_op=True)
+
+    def _run(self, func: str, send, recv, count: int, redop: RedOp, root: int) -> None:
+        plan = enqueue.schedule_coll(self.tuning, func, count, send.dtype.itemsize)
+        if debug.enabled("TRACE", "COLL"):
+            debug.trace("COLL", f"Collective {func} count={count} channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}} "
+                                f"parts={[w.part_count for w in plan.works]} chunkCount={plan.works[0].chunk_count}")
+        in_place = send.ctypes.data == recv.ctypes.data if func != "AllGather" else \
+            send.ctypes.data == recv.ctypes.data + self.rank * send.nbytes
+        if plan.elt_size == 1:  # AllGather / Broadcast move bytes
+            send, recv = send.view(np.uint8), recv.view(np.uint8)
+        kernel = Kernel(self.rank, self.op_count, func, self._health, self._check_peer_op)
+        spc = enqueue.CHUNKSTEPS[func] // enqueue.SLICESTEPS[func]
+        sps = enqueue.SLICESTEPS[func]
+        works = []
+        for w in plan.works:
+            ch = self.channels[w.channel]
+            prims = PrimitivesSimple(kernel, ch.id, ch.recv, ch.send, send, recv, redop, spc, sps)
+            if func == "AllReduce":
+                gen = all_reduce.run_ring(prims, ch.ring, w, self.nranks)
+            elif func == "ReduceScatter":
+                gen = reduce_scatter.run_ring(prims, ch.ring, w, self.nranks)
+            elif func == "AllGather":
+                gen = all_gather.run_ring(prims, ch.ring, w, self.nranks, in_place)
+            elif func == "Broadcast":
+                gen = broadcast.run_ring(prims, ch.ring, w, self.nranks, root, in_place)
+            else:
+                gen = reduce.run_ring(prims, ch.ring, w, self.nranks, root)
+            works.append(_finishing(gen, prims))
+        kernel.run(works)
+
+    # --- public API (ncclAllReduce & co.), numpy arrays in and out ---
+    def all_reduce(self, send: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        send, out = _flat_pair(send, out, send.size)
+        self._launch("AllReduce", send, out, send.size, op, -1)
+        return out
+
+    def all_gather(self, send: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        send, out = _flat_pair(send, out, send.size * self.nranks)
+        self._launch("AllGather", send, out, send.size, "sum", -1)
+        return out
+
+    def reduce_scatter(self, send: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        if send.size % self.nranks:
+            raise ValueError(f"reduce_scatter: send size {send.size} is not a multiple of nranks {self.nranks}")
+        count = send.size // self.nranks
+        send, out = _flat_pair(send, out, count)
+        self._launch("ReduceScatter", send, out, count, op, -1)
+        return out
+
+    def broadcast(self, buf: np.ndarray, root: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+        self._check_root(root)
+        buf, out = _flat_pair(buf, buf if out is None else out, buf.size)
+        self._launch("Broadcast", buf, out, buf.size, "sum", root)
+        return out
+
+    def reduce(self, send: np.ndarray, root: int = 0, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+        self._check_root(root)
+        send, out = _flat_pair(send, out, send.size)
+        self._launch("Reduce", send, out, send.size, op, root)
+        return out
+
+    def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
+        """How ``func`` of ``count`` elements would be split across channels (no data moves)."""
+        return enqueue.schedule_coll(self.tuning, func, count, np.dtype(dtype).itemsize)
+
+    @property
+    def rings(self) -> list[list[int]]:
+        """The ring of each channel, as given or derived (rank order by default)."""
+        return [list(ch.ring.order) for ch in self.channels]
+
+    def _check_root(self, root: int) -> None:
+        if not 0 <= root < self.nranks:
+            raise ValueError(f"root {root} out of range for nranks {self.nranks}")
+
+    def barrier(self) -> None:
+        self.bootstrap.barrier()
+
+    def destroy(self) -> None:
+        """``ncclCommDestroy``.  Ends with a bootstrap barrier so that a peer's error reaches every rank."""
+        if self._destroyed:
+            return
+        self._destroyed = True
+        try:
+            if self._error is None and self.nranks > 1:
+                self.bootstrap.barrier()
+                for r, page in self._status_pages.items():
+                    if r != self.rank and page.aborted:
+                        raise CollectiveError(f"rank {self.rank}: rank {r} aborted: {page.message}")
+        finally:
+            self._release_segments()
+            self.bootstrap.close()
+            for ch in self.channels:
+                ch.send = ch.recv = None
+
+    def __enter__(self) -> "Communicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.destroy()
+        else:
+            self._destroyed = True
+            self._release_segments()
+            self.bootstrap.close()
+
+
+def _finishing(gen, prims):
+    """Run a channel's algorithm, then save its step counters (the primitives' destructor)."""
+    yield from gen
+    prims.finish()
+
+
+def _flat_pair(send: np.ndarray, out: np.ndarray | None, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    if not isinstance(send, np.ndarray):
+        raise TypeError(f"expected a numpy array, got {type(send).__name__}")
+    dtype_name(send.dtype)  # raises for unsupported types
+    if not send.flags.c_contiguous:
+        raise ValueError("send buffer must be C-contiguous")
+    send = send.reshape(-1)
+    if out is None:
+        out = np.empty(out_size, dtype=send.dtype)
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError("output buffer must be a writable, C-contiguous numpy array")
+    if out.dtype != send.dtype:
+        raise TypeError(f"output dtype {out.dtype} differs from input dtype {send.dtype}")
+    out = out.reshape(-1)
+    if out.size < out_size:
+        raise ValueError(f"output has {out.size} elements, needs {out_size}")
+    return send, out[:out_size]

@@ -1,0 +1,76 @@
+"""The kernel: run each channel's share of one collective (NCCL ``src/device/common.h``: ``ncclKernelMain``,
+one CUDA block per channel).
+
+Each channel's work is a generator (``run_ring`` ...) that yields whenever it would spin on head or tail.  The
+kernel steps them round-robin in this one process, so every channel progresses whatever the others wait for.
+When nothing moves, it spins a little, then gives the CPU away with ``sched_yield`` (8 ranks on 2 cores must all
+progress), and every few milliseconds checks the deadline, the peers' abort flags and whether they are alive.
+NCCL spins on ``*comm->abortFlag`` every 10 000 loads; we add the deadline so that no wait is endless.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Iterator
+
+from collectives.param import timeout_s
+
+SPINS_BEFORE_YIELD = 4
+CHECK_EVERY_S = 0.02
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed on this rank; the message names the rank, channel, step and peer concerned."""
+
+
+class Kernel:
+    def __init__(self, rank: int, op_count: int, func: str, health: Callable[["Kernel"], None],
+                 check_peer_op: Callable[[int], None]):
+        self.rank, self.op_count, self.func = rank, op_count, func
+        self.progress = 0
+        self.wait_state: dict[int, tuple] = {}
+        self._health = health
+        self.check_peer_op = check_peer_op
+
+    def waiting(self, channel: int, what: str, peer: int, step: int) -> None:
+        """Record what a channel spins on, for the timeout message and hang diagnosis."""
+        self.wait_state[channel] = (what, peer, step)
+
+    def describe_wait(self) -> str:
+        parts = []
+        for ch, (what, peer, step) in sorted(self.wait_state.items()):
+            side = f"tail from rank {peer} (recv)" if what == "tail" else f"head from rank {peer} (send credit)"
+            parts.append(f"channel {ch} step {step} waiting for {side}")
+        return "; ".join(parts) or "no wait recorded"
+
+    def run(self, works: list[Iterator]) -> None:
+        active = list(works)
+        deadline_s = timeout_s()
+        last_progress, last_change = -1, time.monotonic()
+        next_check = last_change + CHECK_EVERY_S
+        spins = 0
+        while active:
+            for g in list(active):
+                try:
+                    next(g)
+                except StopIteration:
+                    active.remove(g)
+                    self.progress += 1
+            if self.progress != last_progress:
+                last_progress, spins = self.progress, 0
+                last_change = time.monotonic()
+                next_check = last_change + CHECK_EVERY_S
+                continue
+            spins += 1
+            if spins < SPINS_BEFORE_YIELD:
+                continue
+            os.sched_yield()
+            now = time.monotonic()
+            if now < next_check:
+                continue
+            next_check = now + CHECK_EVERY_S
+            self._health(self)
+            if now - last_change > deadline_s:
+                raise CollectiveError(
+                    f"rank {self.rank}: {self.func} (opCount {self.op_count}) made no progress for "
+                    f"{deadline_s:g} s (NCCLLAB_TIMEOUT): {self.describe_wait()}")

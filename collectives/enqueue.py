@@ -1,0 +1,165 @@
+"""From one collective call to per-channel work (NCCL ``src/enqueue.cc``).
+
+* ``topo_get_algo_info`` (``topoGetAlgoInfo``): shrink the channel and thread counts for small sizes.
+* ``calc_coll_chunking`` (``calcCollChunking``): the chunk size of a (function, algorithm, protocol).
+* ``schedule_coll`` (``scheduleCollTasksToPlan`` + ``ncclCollCbdPart``): the continuous-byte-distribution split
+  of the element space into one contiguous part per channel, each with its own chunk count.
+AllGather and Broadcast are counted in bytes (NCCL retypes them as int8 in ``collTaskAppend``).
+Only the Ring algorithm with the Simple protocol is run in this version; LL/LL128 and Tree come later.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
+PROTOS = ("LL", "LL128", "Simple")
+ALGOS = ("Tree", "Ring")
+GRAIN = {"LL": 16, "LL128": 1920, "Simple": 512}          # ncclProtoGrainSize
+CHUNKSTEPS = {"AllReduce": 4, "AllGather": 4, "ReduceScatter": 4, "Broadcast": 1, "Reduce": 1}
+SLICESTEPS = {"AllReduce": 2, "AllGather": 2, "ReduceScatter": 2, "Broadcast": 1, "Reduce": 1}
+MIN_TRAFFIC_PER_CHANNEL = 32 << 10
+WARP_SIZE = 32
+NCCL_MAX_NTHREADS = 640
+
+
+def div_up(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def traffic_per_byte(func: str, nranks: int) -> int:
+    """``ncclFuncTrafficPerByte``."""
+    return {"AllReduce": 2, "AllGather": nranks, "ReduceScatter": nranks}.get(func, 1)
+
+
+def max_send_recv_count(func: str, nranks: int, count: int) -> int:
+    """``ncclFuncMaxSendRecvCount``: AllGather and ReduceScatter move n blocks."""
+    return count * nranks if func in ("AllGather", "ReduceScatter") else count
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What ``ncclTopoTuneModel`` fixes per communicator and this module needs."""
+    nranks: int
+    nchannels: int
+    buff_sizes: dict            # proto -> bytes
+    max_threads: dict           # (algo, proto) -> threads
+    thread_thresholds: dict     # (algo, proto) -> bytes per thread
+
+
+def default_tuning(nranks: int, nchannels: int, buff_sizes: dict, nthreads: int = 512,
+                   ll128_nthreads: int = 640) -> Tuning:
+    max_threads, thresholds = {}, {}
+    for algo in ALGOS:
+        max_threads[(algo, "Simple")] = nthreads
+        max_threads[(algo, "LL")] = nthreads
+        max_threads[(algo, "LL128")] = ll128_nthreads
+        thresholds[(algo, "LL")] = 8 * (nranks if algo == "Ring" else 1)  # NCCL_LL_THREAD_THRESHOLD
+        thresholds[(algo, "LL128")] = 8                                     # NCCL_LL128_THREAD_THRESHOLD
+        thresholds[(algo, "Simple")] = 64                                   # NCCL_SIMPLE_THREAD_THRESHOLD
+    return Tuning(nranks, nchannels, dict(buff_sizes), max_threads, thresholds)
+
+
+def topo_get_algo_info(t: Tuning, algo: str, proto: str, nbytes: int) -> tuple[int, int]:
+    """Returns (nMaxChannels, nWarps) for a collective of ``nbytes`` (``ncclFuncMaxSendRecvCount`` bytes)."""
+    nc, nt = t.nchannels, t.max_threads[(algo, proto)]
+    thr = t.thread_thresholds[(algo, proto)]
+    while nbytes < nc * nt * thr and nc >= 2:
+        nc -= 1
+    while nbytes < nc * nt * thr and nt % 128 == 0:
+        nt //= 2
+    if proto == "Simple":
+        nt += WARP_SIZE if algo == "Ring" else 4 * WARP_SIZE
+    nt = max(nt, 3 * WARP_SIZE)
+    if algo == "Tree":
+        nt = NCCL_MAX_NTHREADS
+    return nc, nt // WARP_SIZE
+
+
+def calc_coll_chunking(t: Tuning, func: str, algo: str, proto: str) -> int:
+    """Chunk size in bytes for Ring (no size-based shrinking for Ring), aligned down to the protocol grain."""
+    step_size = t.buff_sizes[proto] // 8
+    simple_ring = proto == "Simple" and algo == "Ring"
+    chunk = step_size * (CHUNKSTEPS[func] if simple_ring else 1)
+    if proto == "LL":
+        chunk //= 2
+    elif proto == "LL128":
+        chunk = chunk // 16 * 15
+    return chunk // GRAIN[proto] * GRAIN[proto]
+
+
+@dataclass(frozen=True)
+class ChannelWork:
+    """``ncclCollCbdPart`` for one channel: its part of the element space and its chunk count."""
+    channel: int
+    part_offset: int
+    part_count: int
+    chunk_count: int
+    count: int          # the collective's count (per-rank count for AllGather/ReduceScatter), in elements
+
+
+@dataclass(frozen=True)
+class Plan:
+    func: str
+    algo: str
+    proto: str
+    elt_size: int       # 1 for AllGather/Broadcast (bytes)
+    count: int          # in elt_size units
+    n_max_channels: int
+    n_warps: int
+    works: tuple        # ChannelWork per channel used
+
+    @property
+    def nchannels(self) -> int:
+        return len(self.works)
+
+
+def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "Ring",
+                  proto: str = "Simple") -> Plan:
+    """One collective, alone and first in its plan (channelId 0, no traffic yet on any channel)."""
+    if func in ("AllGather", "Broadcast"):
+        count, elt_size = count * elt_size, 1
+    n = t.nranks
+    nbytes = elt_size * max_send_recv_count(func, n, count)
+    n_max_ch, n_warps = topo_get_algo_info(t, algo, proto, nbytes)
+    if count == 0:
+        return Plan(func, algo, proto, elt_size, 0, n_max_ch, n_warps, ())
+    tpb = traffic_per_byte(func, n) * (4 if proto == "LL" else 1)
+    task_traffic = count * elt_size * tpb
+    comm_channels = t.nchannels
+    nch = min(n_max_ch, comm_channels)
+    traffic_per_channel = div_up(max(MIN_TRAFFIC_PER_CHANNEL, task_traffic) // nch, 16) * 16
+    cell_size = div_up(div_up(MIN_TRAFFIC_PER_CHANNEL, tpb), 16) * 16
+    elts_per_cell = cell_size // elt_size
+    cells = div_up(count * elt_size, cell_size)
+    traffic_per_cell = cell_size * tpb
+    cells_per_channel = min(cells, div_up(traffic_per_channel, traffic_per_cell))
+    channel_id = 0
+    if channel_id + 1 == comm_channels:
+        cells_lo = cells
+    else:
+        cells_lo = min(cells, div_up(traffic_per_channel, traffic_per_cell))
+    n_mid = (cells - cells_lo) // cells_per_channel
+    cells_hi = (cells - cells_lo) % cells_per_channel
+    used = (cells_lo != 0) + n_mid + (cells_hi != 0)
+    if comm_channels < channel_id + used:  # overflowed the available channels
+        n_mid = comm_channels - channel_id - 2
+        cells_per_channel = (cells - cells_lo) // (n_mid + 1)
+        cells_hi = cells_per_channel + (cells - cells_lo) % (n_mid + 1)
+    if cells_hi == 0 and n_mid != 0:
+        cells_hi, n_mid = cells_per_channel, n_mid - 1
+    count_mid = cells_per_channel * elts_per_cell if n_mid else 0
+    count_lo, count_hi = cells_lo * elts_per_cell, cells_hi * elts_per_cell
+    excess = cells * elts_per_cell - count
+    if count_hi:
+        count_hi -= excess
+    else:
+        count_lo -= excess
+    grain = GRAIN[proto]
+    elts_per_grain = grain // elt_size
+    chunk_count = calc_coll_chunking(t, func, algo, proto) // grain * elts_per_grain
+    parts = [count_lo] + [count_mid] * n_mid + ([count_hi] if cells_hi else [])
+    works, offset = [], 0
+    for c, part in enumerate(parts):
+        works.append(ChannelWork(channel_id + c, offset, part, chunk_count, count))
+        offset += part
+    return Plan(func, algo, proto, elt_size, count, n_max_ch, n_warps, tuple(works))

@@ -1,0 +1,1 @@
+"""Topology decisions (NCCL ``src/graph/``): the ring order of each channel."""

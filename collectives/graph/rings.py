@@ -1,0 +1,73 @@
+"""Ring order per channel (NCCL ``src/graph/rings.cc``: ``ncclBuildRings``; ``src/init.cc``: ``setupChannel``).
+
+NCCL's ring search on one node tries PCI order (0, 1, ..., n-1) first, which is what a CPU "topology" has, so the
+default ring is rank order.  A ring may also be given explicitly, to replay one copied from a real NCCL log
+(``Channel 00/02 : 0 3 2 1``): by the API (``rings=[[0, 3, 2, 1], ...]``) or ``NCCLLAB_RINGS`` in the syntax of
+NCCL's former ``NCCL_RINGS`` (channels separated by ``|``, ranks by spaces or commas).  Channel c uses ring
+``c % len(rings)``, and channels copied up to NCCL_MIN_NCHANNELS reuse the rings like NCCL's ``copyChannels``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collectives.param import env_str
+
+
+@dataclass(frozen=True)
+class Ring:
+    """``struct ncclRing`` as ``setupChannel`` fills it for one rank."""
+    prev: int
+    next: int
+    index: int               # position from rank 0 along this ring (chunk rotation in runRing)
+    user_ranks: tuple        # the ring starting at self: [0] = self, [1] = next, [n-1] = prev
+    order: tuple             # the ring as given (for the log line)
+
+
+def parse_rings(text: str, nranks: int) -> list[list[int]]:
+    rings = []
+    for part in text.split("|"):
+        part = part.replace(",", " ").strip()
+        if part:
+            rings.append([int(x) for x in part.split()])
+    for r in rings:
+        validate_ring(r, nranks)
+    return rings
+
+
+def validate_ring(ring: list[int], nranks: int) -> None:
+    if sorted(ring) != list(range(nranks)):
+        raise ValueError(f"ring {ring} is not a permutation of ranks 0..{nranks - 1}")
+
+
+def ring_orders(nranks: int, nchannels: int, rings: list[list[int]] | None = None) -> list[list[int]]:
+    """The ring of every channel: explicit ones (API, then NCCLLAB_RINGS), else rank order."""
+    if rings is None:
+        text = env_str("NCCLLAB_RINGS")
+        rings = parse_rings(text, nranks) if text else None
+    if not rings:
+        rings = [list(range(nranks))]
+    for r in rings:
+        validate_ring(list(r), nranks)
+    return [list(rings[c % len(rings)]) for c in range(nchannels)]
+
+
+def setup_ring(order: list[int], rank: int) -> Ring:
+    """``setupChannel``: index counted from rank 0's position, userRanks rotated to start at self."""
+    n = len(order)
+    pos, pos0 = order.index(rank), order.index(0)
+    user = tuple(order[(i + pos) % n] for i in range(n))
+    return Ring(prev=user[n - 1], next=user[1 % n], index=(pos - pos0 + n) % n, user_ranks=user, order=tuple(order))
+
+
+def ring_log_line(channel: int, nchannels: int, order: list[int]) -> str:
+    """``Channel %02d/%02d :`` then the ring from rank 0, width = digits of n-1, cut at 128 chars (NCCL >= 2.23)."""
+    n = len(order)
+    width = len(str(n - 1))
+    pos0 = order.index(0)
+    line = f"Channel {channel:02d}/{nchannels:02d} :"
+    for i in range(n):
+        piece = f" {order[(pos0 + i) % n]:>{width}d}"
+        if len(line) + len(piece) > 124:
+            return line + " ..."
+        line += piece
+    return line

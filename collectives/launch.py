@@ -1,0 +1,89 @@
+"""Starting ranks: read mpirun/torchrun/launcher environments, or spawn local ranks ourselves.
+
+* Under ``mpirun`` (MPICH's ``PMI_RANK``/``PMI_SIZE``, Open MPI's ``OMPI_COMM_WORLD_*``): rank 0 calls
+  ``get_unique_id`` and MPI broadcasts it; MPI carries nothing else (this is how nccl-tests uses MPI).
+* From ``spawn`` (no mpirun): ``NCCLLAB_RANK``/``NCCLLAB_NRANKS`` and ``NCCL_COMM_ID=127.0.0.1:port``; rank 0
+  hosts the bootstrap root at that address (NCCL's ``NCCL_COMM_ID`` behaviour).
+* torchrun style: ``RANK``/``WORLD_SIZE`` with ``MASTER_ADDR``/``MASTER_PORT`` as the root address.
+``spawn`` watches its children: when one fails it gives the others the deadline to report, then kills the rest,
+and finally removes any shared-memory segment of the run that a crash left in ``/dev/shm``.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .bootstrap import UniqueId, get_unique_id
+from .param import timeout_s
+from transports.shm_segment import sweep
+
+
+def under_mpirun() -> bool:
+    return "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ or "PMIX_RANK" in os.environ
+
+
+def launched() -> bool:
+    """True when this process is one rank of a job (mpirun, our spawn, or torchrun)."""
+    return under_mpirun() or "NCCLLAB_RANK" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
+
+
+def rank_env() -> tuple[UniqueId, int, int]:
+    """(unique id, nranks, rank) for this process from its environment."""
+    if "NCCLLAB_RANK" in os.environ:
+        rank, nranks = int(os.environ["NCCLLAB_RANK"]), int(os.environ["NCCLLAB_NRANKS"])
+        return get_unique_id(), nranks, rank
+    if under_mpirun():
+        from mpi4py import MPI
+        world = MPI.COMM_WORLD
+        uid = get_unique_id().to_bytes() if world.rank == 0 else None
+        uid = world.bcast(uid, root=0)
+        return UniqueId.from_bytes(uid), world.size, world.rank
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("NCCL_COMM_ID", f"{addr}:{os.environ.get('MASTER_PORT', '29500')}")
+        return get_unique_id(), int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    raise RuntimeError("no launcher environment: run under mpirun, or use collectives.launch.spawn")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(nranks: int, argv: list[str], env: dict | None = None) -> int:
+    """Run ``python argv...`` as ``nranks`` local ranks; return the first non-zero exit code (or 0)."""
+    magic = secrets.randbits(48) | 1
+    base = dict(os.environ if env is None else env)
+    base.update(NCCL_COMM_ID=f"127.0.0.1:{_free_port()}", NCCLLAB_NRANKS=str(nranks),
+                NCCLLAB_COMM_MAGIC=hex(magic))
+    procs = []
+    for r in range(nranks):
+        procs.append(subprocess.Popen([sys.executable, *argv], env={**base, "NCCLLAB_RANK": str(r)}))
+    rc, first_failure = 0, None
+    grace = timeout_s() + 10.0
+    try:
+        while any(p.returncode is None for p in procs):
+            for p in procs:
+                if p.returncode is None and p.poll() is not None and p.returncode != 0 and first_failure is None:
+                    first_failure, rc = time.monotonic(), p.returncode
+            if first_failure is not None and time.monotonic() - first_failure > grace:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+            time.sleep(0.005)
+    except KeyboardInterrupt:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait()
+        rc = rc or 130
+    finally:
+        sweep(f"{magic:012x}"[-12:])
+    return rc or next((p.returncode for p in procs if p.returncode), 0)

@@ -1,0 +1,268 @@
+"""The nccl-tests runner (nccl-tests ``src/common.cu``: ``BenchTime``, ``writeResultHeader``,
+``writeBenchmarkLine*``; bandwidths from ``src/*.cu``: ``*GetBw``), shared by ``python -m collectives.ring`` & co.
+
+Per size: out-of-place then in-place; ``-w`` warm-up calls, ``-n`` timed calls, time averaged over ranks (``-a 1``).
+With ``-c 1`` each placement is then run once more on fresh random inputs with the output poisoned, and every
+element is compared bitwise with ``collectives.reference`` (NCCL's summation order): ``#wrong`` counts the
+mismatches over all ranks.  ``--json FILE`` writes the same rows as records.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from typing import Sequence
+
+import numpy as np
+
+from . import reference
+from .comm import Communicator
+from .device.reduce_copy import DTYPES, parse_dtype, parse_op
+
+COLLS = {"allreduce": "AllReduce", "allgather": "AllGather", "reducescatter": "ReduceScatter",
+         "broadcast": "Broadcast", "reduce": "Reduce"}
+BUS_FACTOR = {"AllReduce": lambda n: 2 * (n - 1) / n, "AllGather": lambda n: (n - 1) / n,
+              "ReduceScatter": lambda n: (n - 1) / n, "Broadcast": lambda n: 1.0, "Reduce": lambda n: 1.0}
+NCCL_TESTS_TYPE = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
+                   "uint64": "uint64", "float16": "half", "float32": "float", "float64": "double",
+                   "bfloat16": "bfloat16"}
+
+
+def parse_size(text: str) -> int:
+    """nccl-tests' size syntax: 8, 1K, 64M, 1G (powers of 1024)."""
+    text = text.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    return int(float(text[:-1] if mult > 1 else text) * mult)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("32M"))
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"))
+    p.add_argument("-i", "--stepbytes", type=parse_size, default=parse_size("1M"))
+    p.add_argument("-f", "--stepfactor", type=int, default=1)
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (nccl-tests' -n)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=1)
+    p.add_argument("-c", "--check", type=int, default=1)
+    p.add_argument("-d", "--datatype", default="float")
+    p.add_argument("-o", "--op", default="sum")
+    p.add_argument("-r", "--root", type=int, default=0)
+    p.add_argument("--coll", choices=sorted(COLLS), default="allreduce")
+    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON records ('-' for stdout)")
+
+
+def sizes(args) -> list[int]:
+    out, s = [], args.minbytes
+    while s <= args.maxbytes:
+        out.append(s)
+        s = s * args.stepfactor if args.stepfactor > 1 else s + args.stepbytes
+        if args.stepfactor <= 1 and args.stepbytes <= 0:
+            break
+    return out
+
+
+def float_str(value: float, width: int) -> str:
+    """nccl-tests' ``getFloatStr``: 2 decimals, then fewer, then an exponent, to fit ``width``."""
+    for prec in (2, 1, 0):
+        s = f"{value:.{prec}f}"
+        if len(s) <= width:
+            return s.rjust(width)
+    return f"{value:.0e}".rjust(width)
+
+
+class _Rolled:
+    """Rank q's check input: a shared random vector rotated by q*stride; slices are cheap and lazy."""
+
+    def __init__(self, base: np.ndarray, shift: int):
+        self.base, self.shift = base, shift % max(1, base.size)
+
+    def __getitem__(self, sl: slice) -> np.ndarray:
+        start, stop, _ = sl.indices(self.base.size)
+        length = max(0, stop - start)
+        a = (start + self.shift) % max(1, self.base.size)
+        if a + length <= self.base.size:
+            return self.base[a:a + length]
+        return np.concatenate([self.base[a:], self.base[:a + length - self.base.size]])
+
+    def __array__(self, dtype=None, copy=None):
+        return self[0:self.base.size]
+
+
+def _random(rng: np.random.Generator, count: int, dtype: np.dtype) -> np.ndarray:
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=count, dtype=dtype, endpoint=True)
+    return rng.uniform(-1.0, 1.0, count).astype(dtype)
+
+
+def _poison(buf: np.ndarray) -> None:
+    buf.view(np.uint8)[...] = 0xFF  # NaN for floats, -1 / max for integers
+
+
+class Runner:
+    def __init__(self, comm: Communicator, args):
+        self.comm, self.args = comm, args
+        self.func = COLLS[args.coll]
+        self.dtype_name = parse_dtype(args.datatype)
+        self.dtype = DTYPES[self.dtype_name]
+        self.op = parse_op(args.op)
+        self.records: list[dict] = []
+
+    def counts(self, size: int) -> tuple[int, int, int]:
+        """(param count, send count, recv count) as nccl-tests' ``*GetCollByteCount``."""
+        n, ts = self.comm.nranks, self.dtype.itemsize
+        if self.func in ("AllGather", "ReduceScatter"):
+            per = (size // ts // n) & ~(16 // ts - 1)
+            return (per, per, per * n) if self.func == "AllGather" else (per, per * n, per)
+        return size // ts, size // ts, size // ts
+
+    def _call(self, send, out):
+        c, a = self.comm, self.args
+        if self.func == "AllReduce":
+            return c.all_reduce(send, op=self.op, out=out)
+        if self.func == "AllGather":
+            return c.all_gather(send, out=out)
+        if self.func == "ReduceScatter":
+            return c.reduce_scatter(send, op=self.op, out=out)
+        if self.func == "Broadcast":
+            return c.broadcast(send, root=a.root, out=out)
+        return c.reduce(send, root=a.root, op=self.op, out=out)
+
+    def _buffers(self, size: int, in_place: bool):
+        param, nsend, nrecv = self.counts(size)
+        out = np.zeros(max(nsend, nrecv), self.dtype)
+        if not in_place:
+            return np.zeros(nsend, self.dtype), out[:nrecv]
+        if self.func == "AllGather":
+            r = self.comm.rank
+            return out[r * param:(r + 1) * param], out[:nrecv]
+        return out[:nsend], out[:nrecv]
+
+    def time_one(self, size: int, in_place: bool) -> float:
+        send, out = self._buffers(size, in_place)
+        for _ in range(self.args.warmup_iters):
+            self._call(send, out)
+        self.comm.barrier()
+        t0 = time.perf_counter()
+        for _ in range(self.args.iters):
+            self._call(send, out)
+        dt = (time.perf_counter() - t0) / max(1, self.args.iters)
+        return float(np.mean(self.comm.bootstrap.allgather_obj(dt)))
+
+    def check_one(self, size: int, in_place: bool, seed: int) -> int:
+        """Run once on fresh inputs with a poisoned output; count elements that differ from the reference."""
+        comm, n, r = self.comm, self.comm.nranks, self.comm.rank
+        param, nsend, nrecv = self.counts(size)
+        base = _random(np.random.default_rng(seed), nsend, self.dtype)
+        stride = 7919
+        inputs = [_Rolled(base, q * stride) for q in range(n)]
+        send, out = self._buffers(size, in_place)
+        _poison(out)
+        send[...] = np.asarray(inputs[r])
+        result = self._call(send, out)
+        kw = dict(rings=comm.rings, nchannels=comm.nchannels, buffsize=comm.buff_size)
+        if self.func == "AllReduce":
+            expect = reference.all_reduce(inputs, self.op, **kw)
+        elif self.func == "AllGather":
+            expect = reference.all_gather(inputs)
+        elif self.func == "ReduceScatter":
+            expect = reference.reduce_scatter(inputs, r, self.op, **kw)
+        elif self.func == "Broadcast":
+            expect = reference.broadcast(inputs, self.args.root)
+        else:
+            expect = reference.reduce(inputs, self.args.root, self.op, **kw) if r == self.args.root else None
+        if expect is None:
+            return 0
+        size_u = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[self.dtype.itemsize]
+        return int(np.count_nonzero(result.view(size_u) != np.asarray(expect).view(size_u)))
+
+    def run(self, out=sys.stdout) -> list[dict]:
+        comm, args, n = self.comm, self.args, self.comm.nranks
+        if comm.rank == 0:
+            self._header(out)
+        total_wrong, busbws = 0, []
+        seed = int(comm.bootstrap.allgather_obj(int.from_bytes(os.urandom(4), "little"))[0])
+        for size in sizes(args):
+            param, nsend, nrecv = self.counts(size)
+            nbytes = max(nsend, nrecv) * self.dtype.itemsize
+            cells = []
+            for in_place in (False, True):
+                t = self.time_one(size, in_place)
+                wrong = None
+                if args.check:
+                    wrong = sum(comm.bootstrap.allgather_obj(self.check_one(size, in_place, seed + size)))
+                    total_wrong += wrong
+                algbw = (param * self.dtype.itemsize * (n if self.func in ("AllGather", "ReduceScatter") else 1)
+                         / 1e9 / t) if t > 0 else 0.0
+                busbw = algbw * BUS_FACTOR[self.func](n)
+                busbws.append(busbw)
+                cells.append((t * 1e6, algbw, busbw, wrong))
+                plan = comm.plan(self.func, param, self.dtype)
+                self.records.append({
+                    "size": nbytes, "count": param, "dtype": self.dtype_name, "op": self.op,
+                    "coll": self.func, "algo": plan.algo, "proto": plan.proto, "nranks": n,
+                    "nchannels": plan.nchannels, "placement": "in-place" if in_place else "out-of-place",
+                    "time_us": t * 1e6, "algbw": algbw, "busbw": busbw, "wrong": wrong})
+            if comm.rank == 0:
+                self._row(out, nbytes, param, cells)
+        if comm.rank == 0:
+            print(f"# Out of bounds values : {total_wrong} {'OK' if total_wrong == 0 else 'FAILED'}", file=out)
+            avg = sum(busbws) / len(busbws) if busbws else 0.0
+            print(f"# Avg bus bandwidth    : {avg:g} ", file=out)
+            print("#", file=out, flush=True)
+            if args.json:
+                text = json.dumps(self.records, indent=1)
+                if args.json == "-":
+                    print(text, file=out)
+                else:
+                    with open(args.json, "w") as f:
+                        f.write(text + "\n")
+        return self.records
+
+    def _header(self, out) -> None:
+        comm, a = self.comm, self.args
+        print(f"# nccl-lab {self.func} test (nccl-tests format): nThread 1 nGpus 1 minBytes {a.minbytes} "
+              f"maxBytes {a.maxbytes} step: {a.stepfactor}({'factor' if a.stepfactor > 1 else 'bytes'}) "
+              f"warmup iters: {a.warmup_iters} iters: {a.iters} validation: {a.check}", file=out)
+        print("#", file=out)
+        print(f"# Using devices  (nranks {comm.nranks}, nchannels {comm.nchannels}, algo Ring, proto Simple)",
+              file=out)
+        for info in comm.peer_info:
+            print(f"#  Rank {info['rank']:2d} Group  0 Pid {info['pid']:6d} on {info['host']:>10} device "
+                  f"{comm.local_ranks.index(info['rank']) if info['rank'] in comm.local_ranks else 0:2d} [cpu]",
+                  file=out)
+        print("#", file=out)
+        print(f"# {'':>60}out-of-place                       in-place          ", file=out)
+        print(f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>7}  {'algbw':>6}  "
+              f"{'busbw':>6}  {'#wrong':>6}  {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}", file=out)
+        print(f"# {'(B)':>10}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  "
+              f"{'(GB/s)':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}", file=out, flush=True)
+
+    def _row(self, out, nbytes: int, count: int, cells) -> None:
+        root = self.args.root if self.func in ("Broadcast", "Reduce") else -1
+        op = self.op if self.func in ("AllReduce", "ReduceScatter", "Reduce") else "none"
+        line = f"{nbytes:12d}  {count:12d}  {NCCL_TESTS_TYPE[self.dtype_name]:>8}  {op:>6}  {root:6d}"
+        for t, algbw, busbw, wrong in cells:
+            line += f"  {float_str(t, 7)}  {float_str(algbw, 6)}  {float_str(busbw, 6)}  "
+            line += f"{'N/A' if wrong is None else wrong:>6}"
+        print(line, file=out, flush=True)
+
+
+def main(module: str, argv: Sequence[str] | None = None) -> int:
+    """Entry point shared by ``collectives.ring`` & co.: spawn ranks when not launched, else run the sweep."""
+    from .launch import launched, spawn
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    p.add_argument("-g", "--ngpus", "--nranks", "-np", dest="nranks", type=int, default=8,
+                   help="ranks to start when not under mpirun (nccl-tests' -g: GPUs driven by this command)")
+    args = p.parse_args(argv)
+    if not launched():
+        return spawn(args.nranks, ["-m", module, *argv])
+    with Communicator() as comm:
+        runner = Runner(comm, args)
+        records = runner.run()
+    wrong = sum(r["wrong"] or 0 for r in records)
+    return 1 if wrong else 0

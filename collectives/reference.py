@@ -1,0 +1,176 @@
+"""NCCL-order reference model: what NCCL 2.30's ring collectives return, bit for bit, in plain numpy.
+
+It takes every rank's input, the ring of each channel, the communicator's channel count and the protocol, and
+rebuilds from NCCL_FACTS §1.5, §3.1-3.5 and §5.1 (written independently of ``enqueue.py`` and ``device/``, which it
+checks): the channel shrinking of ``topoGetAlgoInfo``, the CBD split of ``scheduleCollTasksToPlan``, the chunk of
+``calcCollChunking``, the last-loop chunk of ``runRing``, and the summation order:
+
+* AllReduce chunk owned by ring position c: ``((x[c+1] + x[c+2]) + ... + x[c+n-1]) + x[c]``;
+* ReduceScatter block of rank r and Reduce to root r: the same walk, starting after r and ending with r;
+* Avg: floats pre-multiply each input by ``1/n`` in the element type; integers divide the sum, truncating.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import ml_dtypes
+import numpy as np
+
+_STEP_BYTES = {"Simple": 1 << 22, "LL": 1 << 19, "LL128": 4915200}
+_GRAIN = {"Simple": 512, "LL": 16, "LL128": 1920}
+_FN = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "avg": np.add}
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, proto: str = "Simple",
+                  buffsize: int | None = None) -> list[tuple[int, int, int]]:
+    """[(start, length, chunkCount)] per channel, in elements of size ``elt``."""
+    if count == 0:
+        return []
+    per_byte = {"AllReduce": 2, "AllGather": nranks, "ReduceScatter": nranks}.get(func, 1)
+    moved = count * elt * (nranks if func in ("AllGather", "ReduceScatter") else 1)
+    nthreads = 640 if proto == "LL128" else 512
+    threshold = {"Simple": 64, "LL128": 8, "LL": 8 * nranks}[proto]
+    usable = nchannels
+    while usable > 1 and moved < usable * nthreads * threshold:
+        usable -= 1
+    if proto == "LL":
+        per_byte *= 4
+    budget = _ceil(max(32768, count * elt * per_byte) // usable, 16) * 16
+    cell = _ceil(_ceil(32768, per_byte), 16) * 16
+    per_cell = cell // elt
+    ncells = _ceil(count * elt, cell)
+    cells_each = min(ncells, _ceil(budget, cell * per_byte))
+    first = ncells if nchannels == 1 else cells_each
+    rest = ncells - first
+    mids, last = divmod(rest, cells_each)
+    if 1 + mids + (last > 0) > nchannels:
+        mids = nchannels - 2
+        cells_each = rest // (mids + 1)
+        last = cells_each + rest % (mids + 1)
+    if last == 0 and mids:
+        last, mids = cells_each, mids - 1
+    sizes = [first * per_cell] + [cells_each * per_cell] * mids + ([last * per_cell] if last else [])
+    sizes[-1] -= ncells * per_cell - count
+    step = (buffsize or _STEP_BYTES[proto]) // 8
+    if proto == "Simple":
+        chunk_bytes = step * (4 if func in ("AllReduce", "AllGather", "ReduceScatter") else 1)
+    else:
+        chunk_bytes = step // 2 if proto == "LL" else step // 16 * 15
+    chunk = chunk_bytes // _GRAIN[proto] * (_GRAIN[proto] // elt)
+    out, start = [], 0
+    for size in sizes:
+        out.append((start, size, chunk))
+        start += size
+    return out
+
+
+def _positions(ring: Sequence[int]) -> list[int]:
+    """Ranks by ring index (index 0 = rank 0, following the ring)."""
+    i0 = list(ring).index(0)
+    return [ring[(i0 + k) % len(ring)] for k in range(len(ring))]
+
+
+def _premul(x: np.ndarray, op: str, n: int) -> np.ndarray:
+    if op == "avg" and (x.dtype.kind == "f" or x.dtype == ml_dtypes.bfloat16):
+        s = np.array(1.0 / n if x.dtype == np.float64 else np.float32(1.0 / n)).astype(x.dtype)
+        return x * s
+    return x
+
+
+def _postdiv(x: np.ndarray, op: str, n: int) -> np.ndarray:
+    """Integer Avg: sum // n, truncating toward zero."""
+    if op != "avg" or x.dtype.kind not in "iu":
+        return x
+    if x.dtype.kind == "u":
+        return x // x.dtype.type(n)
+    if x.dtype.itemsize < 8:
+        wide = x.astype(np.int64)
+        return (np.sign(wide) * (np.abs(wide) // n)).astype(x.dtype)
+    mag = np.array([abs(int(v)) // n for v in x.tolist()], dtype=object)  # exact for INT64_MIN too
+    return np.array([-int(m) if v < 0 else int(m) for v, m in zip(x.tolist(), mag)], dtype=np.int64)
+
+
+def _walk(inputs, ranks_in_order: list[int], sl: slice, op: str, n: int) -> np.ndarray:
+    """Fold inputs along ``ranks_in_order``: the first rank starts, the last is added last; then post-op."""
+    fn = _FN[op]
+    acc = _premul(np.asarray(inputs[ranks_in_order[0]][sl]), op, n)
+    for r in ranks_in_order[1:]:
+        acc = fn(acc, _premul(np.asarray(inputs[r][sl]), op, n))
+    return _postdiv(acc, op, n)
+
+
+def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[int]] | None = None,
+               nchannels: int = 1, proto: str = "Simple", buffsize: int | None = None) -> np.ndarray:
+    n = len(inputs)
+    x0 = np.asarray(inputs[0])
+    out = np.empty_like(x0)
+    if n == 1:
+        return _postdiv(_premul(x0.copy(), op, 1), op, 1)
+    rings = rings or [list(range(n))]
+    for c, (start, length, chunk) in enumerate(channel_parts("AllReduce", x0.size, x0.itemsize, n, nchannels,
+                                                            proto, buffsize)):
+        pos = _positions(rings[c % len(rings)])
+        loop = n * chunk
+        for lo in range(0, length, loop):
+            rem = length - lo
+            cc = chunk if rem >= loop else _ceil(_ceil(rem, n), 16 // x0.itemsize) * (16 // x0.itemsize)
+            for owner in range(n):
+                a, b = owner * cc, min((owner + 1) * cc, rem)
+                if a >= b:
+                    continue
+                order = [pos[(owner + k) % n] for k in range(1, n)] + [pos[owner]]
+                sl = slice(start + lo + a, start + lo + b)
+                out[sl] = _walk(inputs, order, sl, op, n)
+    return out
+
+
+def _along_ring_ending_at(ring: Sequence[int], last: int) -> list[int]:
+    i = list(ring).index(last)
+    n = len(ring)
+    return [ring[(i + k) % n] for k in range(1, n)] + [last]
+
+
+def reduce_scatter(inputs: Sequence[np.ndarray], rank: int, op: str = "sum",
+                   rings: list[list[int]] | None = None, nchannels: int = 1, proto: str = "Simple",
+                   buffsize: int | None = None) -> np.ndarray:
+    n = len(inputs)
+    x0 = np.asarray(inputs[0])
+    count = x0.size // n
+    rings = rings or [list(range(n))]
+    out = np.empty(count, x0.dtype)
+    if n == 1:
+        return _postdiv(_premul(x0[:count].copy(), op, 1), op, 1)
+    for c, (start, length, _) in enumerate(channel_parts("ReduceScatter", count, x0.itemsize, n, nchannels,
+                                                        proto, buffsize)):
+        order = _along_ring_ending_at(rings[c % len(rings)], rank)
+        sl = slice(rank * count + start, rank * count + start + length)
+        out[start:start + length] = _walk(inputs, order, sl, op, n)
+    return out
+
+
+def reduce(inputs: Sequence[np.ndarray], root: int, op: str = "sum", rings: list[list[int]] | None = None,
+           nchannels: int = 1, proto: str = "Simple", buffsize: int | None = None) -> np.ndarray:
+    n = len(inputs)
+    x0 = np.asarray(inputs[0])
+    if n == 1:
+        return _postdiv(_premul(x0.copy(), op, 1), op, 1)
+    rings = rings or [list(range(n))]
+    out = np.empty_like(x0)
+    for c, (start, length, _) in enumerate(channel_parts("Reduce", x0.size, x0.itemsize, n, nchannels, proto,
+                                                        buffsize)):
+        sl = slice(start, start + length)
+        out[sl] = _walk(inputs, _along_ring_ending_at(rings[c % len(rings)], root), sl, op, n)
+    return out
+
+
+def all_gather(inputs: Sequence[np.ndarray]) -> np.ndarray:
+    """No arithmetic: block r of the output is rank r's input, whatever the rings and channels."""
+    return np.concatenate([np.asarray(x) for x in inputs])
+
+
+def broadcast(inputs: Sequence[np.ndarray], root: int) -> np.ndarray:
+    return np.asarray(inputs[root]).copy()

@@ -1,0 +1,180 @@
+"""TCP helpers and interface choice (``src/misc/socket.cc``: ``ncclFindInterfaces``, ``ncclSocketConnect``).
+
+Framing is an 8-byte little-endian length then the payload.  Every blocking call has a deadline.
+Deliberate difference: with neither ``NCCL_SOCKET_IFNAME`` nor ``NCCL_COMM_ID`` set, NCCL prefers an ``ib*``
+then any non-loopback interface; nccl-lab is a one-machine lab, so it binds loopback unless told otherwise.
+"""
+from __future__ import annotations
+
+import fcntl
+import ipaddress
+import os
+import socket
+import struct
+import time
+
+from .param import env_str
+
+_SIOCGIFADDR = 0x8915
+_SIOCGIFNETMASK = 0x891B
+
+
+class BootstrapError(RuntimeError):
+    """A bootstrap or socket failure: which peer, what operation, and why."""
+
+
+def _ifreq(sock: socket.socket, request: int, name: str) -> str:
+    packed = fcntl.ioctl(sock.fileno(), request, struct.pack("256s", name[:15].encode()))
+    return socket.inet_ntoa(packed[20:24])
+
+
+def interfaces() -> list[tuple[str, str, str]]:
+    """(name, IPv4 address, netmask) of every interface that has an IPv4 address."""
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            try:
+                found.append((name, _ifreq(s, _SIOCGIFADDR, name), _ifreq(s, _SIOCGIFNETMASK, name)))
+            except OSError:
+                continue
+    return found
+
+
+def _match_prefix(name: str, spec: str) -> bool:
+    """NCCL_SOCKET_IFNAME grammar: comma list of prefixes, ``^`` excludes, ``=`` asks for exact names."""
+    exclude = spec.startswith("^")
+    spec = spec.lstrip("^")
+    exact = spec.startswith("=")
+    spec = spec.lstrip("=")
+    hit = any((name == p) if exact else name.startswith(p) for p in spec.split(",") if p)
+    return hit != exclude
+
+
+def find_interface() -> tuple[str, str]:
+    """Pick (ifname, address) for bootstrap and sockets, following ``ncclFindInterfaces``' order of rules."""
+    ifs = interfaces()
+    spec = env_str("NCCL_SOCKET_IFNAME")
+    if spec:
+        for name, addr, _ in ifs:
+            if _match_prefix(name, spec):
+                return name, addr
+        raise BootstrapError(f"NCCL_SOCKET_IFNAME={spec}: no interface matches (have {[i[0] for i in ifs]})")
+    comm_id = env_str("NCCL_COMM_ID")
+    if comm_id:
+        host = comm_id.rsplit(":", 1)[0]
+        remote = ipaddress.ip_address(socket.gethostbyname(host))
+        for name, addr, mask in ifs:  # ncclFindInterfaceMatchSubnet
+            if remote in ipaddress.ip_network(f"{addr}/{mask}", strict=False):
+                return name, addr
+    for name, addr, _ in ifs:
+        if name == "lo":
+            return name, addr
+    return "lo", "127.0.0.1"
+
+
+def parse_addr(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise BootstrapError(f"bad address {text!r}, expected host:port")
+    return host, int(port)
+
+
+def listen(addr: str, port: int = 0) -> socket.socket:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((addr, port))
+    srv.listen(1024)
+    return srv
+
+
+def connect(addr: tuple[str, int], deadline: float, what: str) -> socket.socket:
+    """Connect with retries until ``deadline`` (the peer may not be listening yet)."""
+    delay = 0.001
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            s.connect(addr)
+            return s
+        except OSError as exc:
+            s.close()
+            if time.monotonic() + delay >= deadline:
+                raise BootstrapError(f"could not connect to {what} at {addr[0]}:{addr[1]}: {exc}") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+
+
+def accept(srv: socket.socket, deadline: float, what: str) -> socket.socket:
+    srv.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        conn, _ = srv.accept()
+    except OSError as exc:
+        raise BootstrapError(f"timed out waiting for {what} to connect: {exc}") from exc
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def send_msg(s: socket.socket, payload: bytes, deadline: float, what: str) -> None:
+    s.settimeout(max(0.01, deadline - time.monotonic()))
+    try:
+        s.sendall(struct.pack("<Q", len(payload)) + payload)
+    except OSError as exc:
+        raise BootstrapError(f"send to {what} failed: {exc}") from exc
+
+
+def _recv_exact(s: socket.socket, n: int, deadline: float, what: str) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        s.settimeout(max(0.01, deadline - time.monotonic()))
+        try:
+            chunk = s.recv(n - len(buf))
+        except OSError as exc:
+            raise BootstrapError(f"receive from {what} failed: {exc}") from exc
+        if not chunk:
+            raise BootstrapError(f"connection to {what} closed (peer process gone?)")
+        buf += chunk
+    return bytes(buf)
+
+
+MAX_MSG = 1 << 30
+
+
+def recv_msg(s: socket.socket, deadline: float, what: str) -> bytes:
+    (size,) = struct.unpack("<Q", _recv_exact(s, 8, deadline, what))
+    if size > MAX_MSG:
+        raise BootstrapError(f"message from {what} announces {size} bytes, more than the {MAX_MSG} limit")
+    return _recv_exact(s, size, deadline, what)
+
+
+def host_hash() -> int:
+    """``getHostHash``: a hash of the host's identity, or of ``NCCL_HOSTID`` when set."""
+    ident = env_str("NCCL_HOSTID") or (socket.gethostname() + _boot_id())
+    h = 5381
+    for ch in ident.encode():
+        h = ((h << 5) + h + ch) & 0xFFFFFFFFFFFFFFFF  # djb2, as NCCL's getHash
+    return h
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def pid_alive(pid: int) -> bool:
+    """True unless the process is gone or a zombie (a SIGKILLed child not yet reaped still has a pid)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True

@@ -1,0 +1,34 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT.parent / "shared" / "fixtures"
+
+
+def leftover_segments() -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith("nccllab-")]
+
+
+@pytest.fixture(autouse=True)
+def no_shm_leak():
+    before = set(leftover_segments())
+    yield
+    leaked = set(leftover_segments()) - before
+    assert not leaked, f"segments left in /dev/shm: {sorted(leaked)}"
+
+
+def run_ranks(nranks: int, worker: str, *args: str, env: dict | None = None, timeout: float = 240,
+              check: bool = True) -> subprocess.CompletedProcess:
+    """Run tests/workers.py WORKER as ``nranks`` real ranks through collectives.launch.spawn."""
+    full_env = {**os.environ, "NCCLLAB_TIMEOUT": "30", **(env or {})}
+    code = ("import sys; from collectives.launch import spawn; "
+            f"sys.exit(spawn({nranks}, [{str(ROOT / 'tests' / 'workers.py')!r}, *sys.argv[1:]]))")
+    proc = subprocess.run([sys.executable, "-c", code, worker, *args], env=full_env, capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{worker} failed (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+    return proc

@@ -1,0 +1,51 @@
+"""Bitwise equality with the NCCL-order reference, across real processes (the acceptance matrix of issue 2)."""
+import json
+
+import pytest
+
+from conftest import run_ranks
+
+FLOATS = ["float32", "float16", "bfloat16"]
+# chunkCount for Ring/Simple AllReduce float32 is 524288: n*chunkCount+ is "larger than a full loop".
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_small_counts_all_collectives(n):
+    run_ranks(n, "bitwise", "1", "", json.dumps([0, 1, 7, 1023]), json.dumps(FLOATS))
+
+
+@pytest.mark.parametrize("n,nch,rings", [
+    (4, 2, [[0, 2, 1, 3], [3, 1, 2, 0]]),
+    (4, 4, [[1, 0, 3, 2]]),
+    (3, 2, None),
+])
+def test_channels_and_explicit_rings(n, nch, rings):
+    run_ranks(n, "bitwise", str(nch), json.dumps(rings) if rings else "", json.dumps([1, 7, 1023, 70001]),
+              json.dumps(FLOATS))
+
+
+def test_prime_above_a_million_and_beyond_one_loop():
+    # 1_000_003 (prime) and 2*524288+4099: two loops, the last one shortened (n=2, float32 chunk 524288).
+    run_ranks(2, "bitwise", "2", json.dumps([[1, 0]]), json.dumps([1_000_003, 2 * 524288 + 4099]),
+              json.dumps(["float32"]))
+
+
+def test_beyond_one_loop_fp16_bf16_n3():
+    # fp16 chunkCount is 1048576: 3 ranks * 1048576 + 37 needs a second, short loop.
+    run_ranks(3, "bitwise", "1", "", json.dumps([3 * 1048576 + 37]), json.dumps(["float16", "bfloat16"]),
+              json.dumps(["allreduce", "reducescatter"]))
+
+
+def test_eight_ranks():
+    run_ranks(8, "bitwise", "2", json.dumps([[0, 7, 1, 6, 2, 5, 3, 4]]), json.dumps([0, 1, 1023, 300007]),
+              json.dumps(FLOATS), json.dumps(["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]))
+
+
+def test_avg_prod_min_max_floats():
+    run_ranks(4, "bitwise", "2", "", json.dumps([7, 4099]), json.dumps(FLOATS + ["float64"]),
+              json.dumps(["allreduce", "reducescatter", "reduce"]), json.dumps(["avg", "prod", "min", "max"]))
+
+
+def test_step_counters_carry_over():
+    # Many collectives of mixed sizes on one communicator: steps round up per call and carry over.
+    run_ranks(3, "bitwise", "2", "", json.dumps([5, 100003, 3, 4099, 1, 262147]), json.dumps(["float32"]))

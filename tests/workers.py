@@ -1,0 +1,207 @@
+"""Rank programs for the multi-process tests: ``workers.py NAME [args]``, one process per rank."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+
+import collectives
+from collectives import reference
+from collectives.device.reduce_copy import DTYPES
+
+BIG_PRIME = 1_000_003
+
+
+def inputs_for(seed: int, n: int, count: int, dtype) -> list[np.ndarray]:
+    dt = np.dtype(dtype)
+    out = []
+    for q in range(n):
+        rng = np.random.default_rng([seed, q, count])
+        if dt.kind in "iu":
+            info = np.iinfo(dt)
+            out.append(rng.integers(info.min, info.max, size=count, dtype=dt, endpoint=True))
+        else:
+            out.append(rng.uniform(-2.0, 2.0, count).astype(dt))
+    return out
+
+
+def bits(a: np.ndarray) -> np.ndarray:
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+
+
+def same(got, want, what: str) -> None:
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or not np.array_equal(bits(got), bits(want)):
+        bad = np.flatnonzero(bits(got) != bits(want)) if got.shape == want.shape else []
+        raise AssertionError(f"{what}: {len(bad)} elements differ, first at {bad[:5]}: got {got.ravel()[bad[:3]]} "
+                             f"want {want.ravel()[bad[:3]]}")
+
+
+def check_all(comm, seed: int, dtype: str, count: int, colls: list[str], op: str = "sum") -> None:
+    """Every collective in ``colls``, out-of-place and in-place, poisoned outputs, bitwise vs the reference."""
+    n, r = comm.nranks, comm.rank
+    dt = DTYPES[dtype]
+    kw = dict(rings=comm.rings, nchannels=comm.nchannels, buffsize=comm.buff_size)
+    for coll in colls:
+        for in_place in (False, True):
+            tag = f"{coll} {dtype} count={count} n={n} ch={comm.nchannels} rings={comm.rings} in_place={in_place}"
+            if coll == "allreduce":
+                xs = inputs_for(seed, n, count, dt)
+                out = np.full(count, 0xFF, np.uint8).view(dt) if dt.itemsize == 1 else \
+                    np.frombuffer(b"\xff" * (count * dt.itemsize), dt).copy()
+                if in_place:
+                    out[...] = xs[r]
+                    got = comm.all_reduce(out, op=op, out=out)
+                else:
+                    got = comm.all_reduce(xs[r].copy(), op=op, out=out)
+                same(got, reference.all_reduce(xs, op, **kw), tag)
+            elif coll == "reducescatter":
+                xs = inputs_for(seed, n, count * n, dt)
+                if in_place:
+                    buf = xs[r].copy()
+                    got = comm.reduce_scatter(buf, op=op, out=buf[r * count:(r + 1) * count])
+                else:
+                    out = np.frombuffer(b"\xff" * (count * dt.itemsize), dt).copy()
+                    got = comm.reduce_scatter(xs[r].copy(), op=op, out=out)
+                same(got, reference.reduce_scatter(xs, r, op, **kw), tag)
+            elif coll == "allgather":
+                xs = inputs_for(seed, n, count, dt)
+                out = np.frombuffer(b"\xff" * (count * n * dt.itemsize), dt).copy()
+                if in_place:
+                    out[r * count:(r + 1) * count] = xs[r]
+                    got = comm.all_gather(out[r * count:(r + 1) * count], out=out)
+                else:
+                    got = comm.all_gather(xs[r].copy(), out=out)
+                same(got, reference.all_gather(xs), tag)
+            elif coll == "broadcast":
+                root = (seed + count) % n
+                xs = inputs_for(seed, n, count, dt)
+                if in_place:
+                    buf = xs[r].copy() if r == root else np.frombuffer(b"\xff" * (count * dt.itemsize), dt).copy()
+                    got = comm.broadcast(buf, root=root)
+                else:
+                    out = np.frombuffer(b"\xff" * (count * dt.itemsize), dt).copy()
+                    got = comm.broadcast(xs[r].copy(), root=root, out=out)
+                same(got, reference.broadcast(xs, root), tag)
+            elif coll == "reduce":
+                root = (seed + count + 1) % n
+                xs = inputs_for(seed, n, count, dt)
+                out = xs[r].copy() if in_place else np.frombuffer(b"\xff" * (count * dt.itemsize), dt).copy()
+                got = comm.reduce(out if in_place else xs[r].copy(), root=root, op=op, out=out)
+                if r == root:
+                    same(got, reference.reduce(xs, root, op, **kw), tag)
+            seed += 1
+
+
+ALL = ["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]
+
+
+def bitwise(args: list[str]) -> None:
+    """bitwise CHANNELS RINGS(json or '') COUNTS(json) DTYPES(json) [COLLS(json)] [OPS(json)]"""
+    nch = int(args[0])
+    rings = json.loads(args[1]) if args[1] else None
+    counts, dtypes = json.loads(args[2]), json.loads(args[3])
+    colls = json.loads(args[4]) if len(args) > 4 else ALL
+    ops = json.loads(args[5]) if len(args) > 5 else ["sum"]
+    seed = int.from_bytes(os.urandom(4), "little")
+    with collectives.Communicator(rings=rings, nchannels=nch) as comm:
+        seed = comm.bootstrap.allgather_obj(seed)[0]  # fresh inputs each run, the same on every rank
+        for count in counts:
+            for dtype in dtypes:
+                for op in ops:
+                    check_all(comm, seed, dtype, count, colls, op)
+                    seed += 101
+    print(f"rank {comm.rank} ok", flush=True)
+
+
+def mismatch(args: list[str]) -> None:
+    """Rank 1 calls with another count (or dtype): every rank must fail with a clear message."""
+    kind = args[0]
+    with collectives.Communicator() as comm:
+        count, dtype = 4096, np.float32
+        if comm.rank == 1:
+            if kind == "count":
+                count = 4000
+            elif kind == "dtype":
+                dtype = np.int32
+            elif kind == "op":
+                pass
+        x = np.ones(count, dtype)
+        op = "max" if (kind == "op" and comm.rank == 1) else "sum"
+        comm.all_reduce(x, op=op)
+    print("unexpected success", flush=True)
+
+
+def sigkill(args: list[str]) -> None:
+    """Rank VICTIM kills itself with SIGKILL in the middle of a stream of large allreduces."""
+    victim = int(args[0])
+    with collectives.Communicator() as comm:
+        x = np.ones(4 << 20, np.float32)
+        for i in range(1000):
+            if comm.rank == victim and i == 3:
+                os.kill(os.getpid(), signal.SIGKILL)
+            comm.all_reduce(x)
+    print("unexpected success", flush=True)
+
+
+def stuck(args: list[str]) -> None:
+    """Rank 1 never enters the collective (until well past the others' deadline)."""
+    with collectives.Communicator() as comm:
+        if comm.rank == 1:
+            time.sleep(float(args[0]))
+            sys.exit(0)
+        comm.all_reduce(np.ones(1000, np.float32))
+    print("unexpected success", flush=True)
+
+
+def mpi_compare(args: list[str]) -> None:
+    """Under mpirun: integer types and every op, compared exactly with mpi4py in the same run."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    seed = world.bcast(int.from_bytes(os.urandom(4), "little"))
+    mpi_op = {"sum": MPI.SUM, "prod": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
+    with collectives.Communicator() as comm:
+        assert comm.rank == world.rank and comm.nranks == world.size
+        n, r = comm.nranks, comm.rank
+        for dtype in ["int8", "uint8", "int32", "uint32", "int64", "uint64", "float64"]:
+            dt = DTYPES[dtype]
+            for count in [1, 7, 1023, 65537]:
+                x = inputs_for(seed, n, count, dt)[r]
+                for op in ["sum", "prod", "min", "max"]:
+                    want = np.empty_like(x)
+                    world.Allreduce(x, want, op=mpi_op[op])
+                    got = comm.all_reduce(x, op=op)
+                    if dt.kind in "iu":
+                        same(got, want, f"AllReduce {dtype} {op} count={count} vs MPI")
+                    rs_in = inputs_for(seed + 1, n, count * n, dt)[r]
+                    want_rs = np.empty(count, dt)
+                    world.Reduce_scatter_block(rs_in, want_rs, op=mpi_op[op])
+                    if dt.kind in "iu":
+                        same(comm.reduce_scatter(rs_in, op=op), want_rs, f"ReduceScatter {dtype} {op} vs MPI")
+                    want_r = np.empty_like(x)
+                    world.Reduce(x, want_r, op=mpi_op[op], root=n - 1)
+                    got_r = comm.reduce(x, root=n - 1, op=op)
+                    if r == n - 1 and dt.kind in "iu":
+                        same(got_r, want_r, f"Reduce {dtype} {op} vs MPI")
+                want_ag = np.empty(count * n, dt)
+                world.Allgather(x, want_ag)
+                same(comm.all_gather(x), want_ag, f"AllGather {dtype} vs MPI")
+                b = x.copy()
+                world.Bcast(b, root=1 % n)
+                same(comm.broadcast(x.copy(), root=1 % n), b, f"Broadcast {dtype} vs MPI")
+                # integer Avg: NCCL's SumPostDiv (no MPI equivalent): compare with MPI's sum, then truncate
+                if dt.kind in "iu":
+                    s = np.empty_like(x)
+                    world.Allreduce(x, s, op=MPI.SUM)
+                    exact = reference.all_reduce(inputs_for(seed, n, count, dt), "avg", rings=comm.rings)
+                    same(comm.all_reduce(x, op="avg"), exact, f"AllReduce {dtype} avg")
+            seed += 7
+    print(f"rank {r} ok", flush=True)
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](sys.argv[2:])

@@ -1,0 +1,85 @@
+"""NCCL_DEBUG logging in NCCL's line formats (``src/debug.cc``: ``ncclDebugLog``).
+
+``NCCL_DEBUG`` = VERSION | WARN | INFO | TRACE; ``NCCL_DEBUG_SUBSYS`` a comma list (``^`` negates; default
+``INIT,BOOTSTRAP,ENV``); ``NCCL_DEBUG_FILE`` may contain ``%h`` (host) and ``%p`` (pid).
+INFO lines read ``host:pid:tid [dev] NCCL INFO msg``; WARN lines add ``file:line (func)``.
+Here ``dev`` is the local rank: a CPU rank has no CUDA device, so its index on the host stands in for it.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import socket
+import sys
+import threading
+import time
+from typing import TextIO
+
+LEVELS = {"NONE": 0, "VERSION": 1, "WARN": 2, "INFO": 3, "ABORT": 4, "TRACE": 5}
+SUBSYS = ("INIT", "COLL", "P2P", "SHM", "NET", "GRAPH", "TUNING", "ENV", "ALLOC", "CALL", "PROXY", "NVLS",
+          "BOOTSTRAP", "REG", "PROFILE", "RAS", "DESTROY")
+
+_state: dict = {}
+_lock = threading.Lock()
+
+
+def _init() -> dict:
+    if _state:
+        return _state
+    level = LEVELS.get(os.environ.get("NCCL_DEBUG", "").strip().upper(), 0)
+    raw = os.environ.get("NCCL_DEBUG_SUBSYS", "INIT,BOOTSTRAP,ENV").strip().upper()
+    invert = raw.startswith("^")
+    names = {s.strip() for s in raw.lstrip("^").split(",") if s.strip()}
+    if "ALL" in names:
+        names = set(SUBSYS)
+    mask = set(SUBSYS) - names if invert else names
+    out: TextIO = sys.stdout
+    path = os.environ.get("NCCL_DEBUG_FILE", "").strip()
+    host = socket.gethostname().split(".")[0]
+    if path and level:
+        path = path.replace("%h", host).replace("%p", str(os.getpid()))
+        out = open(path, "a", buffering=1)
+    _state.update(level=level, mask=mask, out=out, host=host, dev=0, t0=time.monotonic())
+    return _state
+
+
+def set_device(dev: int) -> None:
+    """Record the local rank printed in ``[dev]``."""
+    _init()["dev"] = dev
+
+
+def enabled(level: str, subsys: str = "INIT") -> bool:
+    st = _init()
+    return st["level"] >= LEVELS[level] and (level == "WARN" or subsys in st["mask"])
+
+
+def _prefix() -> str:
+    st = _init()
+    return f"{st['host']}:{os.getpid()}:{threading.get_native_id()} [{st['dev']}]"
+
+
+def _emit(line: str) -> None:
+    with _lock:
+        st = _init()
+        st["out"].write(line + "\n")
+        st["out"].flush()
+
+
+def info(subsys: str, msg: str) -> None:
+    if enabled("INFO", subsys):
+        _emit(f"{_prefix()} NCCL INFO {msg}")
+
+
+def warn(msg: str) -> None:
+    """WARN is printed at NCCL_DEBUG=WARN or above, with the caller's file, line and function like NCCL."""
+    if enabled("WARN"):
+        frame = inspect.stack()[1]
+        where = f"{os.path.basename(frame.filename)}:{frame.lineno} ({frame.function})"
+        _emit(f"{_prefix()} {where} NCCL WARN {msg}")
+
+
+def trace(subsys: str, msg: str) -> None:
+    if enabled("TRACE", subsys):
+        ms = (time.monotonic() - _init()["t0"]) * 1000.0
+        frame = inspect.stack()[1]
+        _emit(f"{_prefix()} {ms:.6f} {frame.function}:{frame.lineno} NCCL TRACE {msg}")

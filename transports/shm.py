@@ -1,0 +1,75 @@
+"""Shared-memory transport (NCCL ``src/transport/shm.cc``: ``shmSendSetup``/``shmRecvSetup``/``shmSendConnect``/
+``shmRecvConnect``).
+
+With NCCL's default ``NCCL_SHM_LOCALITY=2`` the **receiver** allocates ``ncclRecvMem`` (tail) followed by the FIFO,
+and the **sender** allocates ``ncclSendMem`` (head).  Each side publishes its segment name through the bootstrap
+(the 256-byte ``ncclConnect`` blob in NCCL), then maps the other's.  Both sides read and write the counters and
+the FIFO directly; no proxy is involved (``proxyProgress`` is NULL for SHM).
+"""
+from __future__ import annotations
+
+from tracing import debug
+
+from .connector import HEAD_OFFSET, RECVMEM_BYTES, SENDMEM_BYTES, TAIL_OFFSET, Connector
+from .shm_segment import ShmSegment
+
+NAME = "SHM"
+
+
+def can_connect(my_info: dict, peer_info: dict) -> bool:
+    """``shmCanConnect``: same host hash, and SHM not disabled."""
+    from collectives.param import env_int
+    return env_int("NCCL_SHM_DISABLE", 0) != 1 and my_info["host_hash"] == peer_info["host_hash"]
+
+
+class ShmSetup:
+    """Segments this rank creates for one communicator, and the connectors built from the peers' segments."""
+
+    def __init__(self, tag: str, rank: int, buff_size: int):
+        self.tag, self.rank, self.buff_size = tag, rank, buff_size
+        self.owned: list[ShmSegment] = []
+        self.mapped: list[ShmSegment] = []
+
+    def _create(self, name: str, size: int) -> ShmSegment:
+        seg = ShmSegment(name, size, create=True)
+        self.owned.append(seg)
+        debug.info("SHM", f"MMAP allocated shareable host buffer /dev/shm/{name} size {size} ptr "
+                          f"{hex(seg.array.ctypes.data)}")
+        return seg
+
+    def recv_setup(self, channel: int, peer: int) -> str:
+        """Receiver side: ncclRecvMem (tail) + Simple FIFO.  Returns the connect blob (the segment name)."""
+        name = f"nccllab-{self.tag}-r{self.rank}-c{channel}-recv{peer}"
+        self._create(name, RECVMEM_BYTES + self.buff_size)
+        return name
+
+    def send_setup(self, channel: int, peer: int) -> str:
+        """Sender side: ncclSendMem (head)."""
+        name = f"nccllab-{self.tag}-r{self.rank}-c{channel}-send{peer}"
+        self._create(name, SENDMEM_BYTES)
+        return name
+
+    def _own(self, name: str) -> ShmSegment:
+        return next(s for s in self.owned if s.name == name)
+
+    def _map(self, name: str, size: int) -> ShmSegment:
+        seg = ShmSegment(name, size, create=False)
+        self.mapped.append(seg)
+        return seg
+
+    def send_connect(self, my_blob: str, peer_blob: str, peer: int) -> Connector:
+        """Sender: head from our ncclSendMem, tail and FIFO from the peer's ncclRecvMem."""
+        mine, theirs = self._own(my_blob), self._map(peer_blob, RECVMEM_BYTES + self.buff_size)
+        return Connector(peer=peer, is_send=True, buff=theirs.array[RECVMEM_BYTES:], head=mine.u64(HEAD_OFFSET),
+                         tail=theirs.u64(TAIL_OFFSET), step_size=self.buff_size // 8, transport=NAME)
+
+    def recv_connect(self, my_blob: str, peer_blob: str, peer: int) -> Connector:
+        """Receiver: tail and FIFO from our ncclRecvMem, head from the peer's ncclSendMem."""
+        mine, theirs = self._own(my_blob), self._map(peer_blob, SENDMEM_BYTES)
+        return Connector(peer=peer, is_send=False, buff=mine.array[RECVMEM_BYTES:], head=theirs.u64(HEAD_OFFSET),
+                         tail=mine.u64(TAIL_OFFSET), step_size=self.buff_size // 8, transport=NAME)
+
+    def unlink_all(self) -> None:
+        """Called once every peer has mapped our segments (after the connect barrier)."""
+        for seg in self.owned:
+            seg.unlink()

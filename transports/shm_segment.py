@@ -1,0 +1,61 @@
+"""POSIX shared-memory segments (NCCL ``src/misc/shmutils.cc``: ``ncclShmOpen`` / ``ncclShmUnlink``).
+
+A segment is a file under ``/dev/shm`` (what ``shm_open`` uses on Linux), sized with ``ftruncate`` and mapped with
+``mmap``.  Names start with ``nccllab-<commtag>-`` so that a launcher can sweep whatever a crash left behind.
+Like NCCL, the creator unlinks the name as soon as every peer has mapped it: the mapping lives on, and nothing is
+left in ``/dev/shm`` even if a process is later killed.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+
+SHM_DIR = "/dev/shm"
+PREFIX = "nccllab-"
+
+
+class ShmSegment:
+    def __init__(self, name: str, size: int, create: bool):
+        if not name.startswith(PREFIX) or "/" in name:
+            raise ValueError(f"bad segment name {name!r}")
+        self.name, self.size, self.owner = name, size, create
+        path = os.path.join(SHM_DIR, name)
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        fd = os.open(path, flags, 0o600)
+        try:
+            if create:
+                os.ftruncate(fd, size)  # tmpfs pages read as zero: counters start at 0, flags never match
+            self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        self.array = np.frombuffer(self.mm, dtype=np.uint8)
+
+    def u64(self, offset: int, count: int = 1) -> np.ndarray:
+        return self.array[offset:offset + 8 * count].view(np.uint64)
+
+    def i64(self, offset: int, count: int = 1) -> np.ndarray:
+        return self.array[offset:offset + 8 * count].view(np.int64)
+
+    def unlink(self) -> None:
+        if self.owner:
+            unlink_name(self.name)
+            self.owner = False
+
+
+def unlink_name(name: str) -> None:
+    try:
+        os.unlink(os.path.join(SHM_DIR, name))
+    except FileNotFoundError:
+        pass
+
+
+def sweep(tag: str) -> list[str]:
+    """Remove every segment of one communicator (``nccllab-<tag>-*``); returns what was removed."""
+    removed = []
+    for name in os.listdir(SHM_DIR):
+        if name.startswith(f"{PREFIX}{tag}-"):
+            unlink_name(name)
+            removed.append(name)
+    return removed
