@@ -168,7 +168,8 @@ class Communicator:
             if r == self.rank:
                 continue
             if page.aborted:
-                raise CollectiveError(f"rank {self.rank}: rank {r} aborted: {page.message}")
+                raise CollectiveError(f"rank {self.rank}: rank {r} aborted [{page.message}]; this rank, in "
+                                      f"{kernel.func}: {kernel.describe_wait()}")
             if not sockets.pid_alive(self.peer_info[r]["pid"]):
                 raise CollectiveError(f"rank {self.rank}: rank {r} (pid {self.peer_info[r]['pid']}) is gone "
                                       f"(killed or exited) during {kernel.func}: {kernel.describe_wait()}")
@@ -236,7 +237,7 @@ class Communicator:
                                 f"parts={[w.part_count for w in plan.works]} chunkCount={plan.works[0].chunk_count}")
         in_place = send.ctypes.data == recv.ctypes.data if func != "AllGather" else \
             send.ctypes.data == recv.ctypes.data + self.rank * send.nbytes
-        if plan.elt_size == 1:  # AllGather / Broadcast move bytes
+        if func in ("AllGather", "Broadcast"):  # NCCL retypes these as int8: they move bytes
             send, recv = send.view(np.uint8), recv.view(np.uint8)
         kernel = Kernel(self.rank, self.op_count, func, self._health, self._check_peer_op)
         spc = enqueue.CHUNKSTEPS[func] // enqueue.SLICESTEPS[func]

@@ -1,0 +1,61 @@
+"""Our ring AllReduce and MPI's ``Allreduce`` (mpi4py), side by side in one run, reported like nccl-tests.
+
+    mpirun -n 2 python benchmarks/allreduce_vs_mpi.py [-b 8] [-e 256M] [-f 4]
+
+Both use the same float32 buffers, alternating per size, out-of-place.  Times are the mean over ranks of the
+average per call; busbw = algbw * 2(n-1)/n as nccl-tests.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import collectives
+from collectives.perf import parse_size
+
+
+def timed(fn, iters: int, world) -> float:
+    world.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    dt = (time.perf_counter() - t0) / iters
+    return world.allreduce(dt) / world.size
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("-b", type=parse_size, default=8)
+    p.add_argument("-e", type=parse_size, default=parse_size("256M"))
+    p.add_argument("-f", type=int, default=4)
+    a = p.parse_args()
+    world = MPI.COMM_WORLD
+    n = world.size
+    with collectives.Communicator() as comm:
+        if comm.rank == 0:
+            print(f"# AllReduce float32 sum, n={n}, nchannels={comm.nchannels}: nccl-lab ring/Simple vs MPI "
+                  f"({MPI.Get_library_version().splitlines()[0].strip()})")
+            print(f"# {'size':>10} {'lab us':>10} {'lab busbw':>10} {'mpi us':>10} {'mpi busbw':>10} {'lab/mpi':>8}")
+        size = a.b
+        while size <= a.e:
+            x = np.random.default_rng(comm.rank).uniform(-1, 1, size // 4).astype(np.float32)
+            out, mout = np.empty_like(x), np.empty_like(x)
+            iters = int(max(3, min(200, (64 << 20) // max(size, 1))))
+            for _ in range(2):
+                comm.all_reduce(x, out=out)
+                world.Allreduce(x, mout)
+            t_lab = timed(lambda: comm.all_reduce(x, out=out), iters, world)
+            t_mpi = timed(lambda: world.Allreduce(x, mout), iters, world)
+            if comm.rank == 0:
+                factor = 2 * (n - 1) / n
+                bl, bm = size / t_lab / 1e9 * factor, size / t_mpi / 1e9 * factor
+                print(f"  {size:>10} {t_lab * 1e6:>10.1f} {bl:>10.2f} {t_mpi * 1e6:>10.1f} {bm:>10.2f} "
+                      f"{bl / bm if bm else 0:>8.2f}", flush=True)
+            size *= a.f
+
+
+if __name__ == "__main__":
+    main()

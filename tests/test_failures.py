@@ -1,0 +1,38 @@
+"""Bad input and failures: clear errors on every rank, deadlines, and a clean /dev/shm."""
+import time
+
+import pytest
+
+from conftest import leftover_segments, run_ranks
+
+
+@pytest.mark.parametrize("kind", ["count", "dtype", "op"])
+def test_mismatch_is_a_clear_error_on_every_rank(kind):
+    t0 = time.monotonic()
+    proc = run_ranks(3, "mismatch", kind, env={"NCCLLAB_TIMEOUT": "20"}, check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "unexpected success" not in proc.stdout
+    assert proc.stderr.count("collective mismatch") + proc.stderr.count("aborted") >= 3, proc.stderr[-3000:]
+    assert "rank 1" in proc.stderr
+    assert time.monotonic() - t0 < 20, "should fail fast, not at the deadline"
+
+
+def test_sigkill_mid_collective_names_the_missing_rank():
+    t0 = time.monotonic()
+    proc = run_ranks(4, "sigkill", "2", env={"NCCLLAB_TIMEOUT": "15"}, check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "unexpected success" not in proc.stdout
+    survivors = [line for line in proc.stderr.splitlines() if line.startswith("collectives.device.common.CollectiveError")]
+    assert len(survivors) >= 3, proc.stderr[-3000:]
+    assert all("rank 2" in line for line in survivors), survivors
+    assert time.monotonic() - t0 < 40
+    assert not leftover_segments()
+
+
+def test_stuck_rank_times_out_naming_channel_step_and_peer():
+    proc = run_ranks(3, "stuck", "7", env={"NCCLLAB_TIMEOUT": "3"}, check=False, timeout=120)
+    assert proc.returncode != 0
+    msgs = [line for line in proc.stderr.splitlines() if "made no progress" in line]
+    assert msgs, proc.stderr[-3000:]
+    assert any("channel 0 step" in m and "from rank 1" in m for m in msgs), msgs
+    assert "NCCLLAB_TIMEOUT" in msgs[0]
