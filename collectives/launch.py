@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 
 from .bootstrap import UniqueId, get_unique_id
 from .param import timeout_s
@@ -32,8 +33,15 @@ def launched() -> bool:
     return under_mpirun() or "NCCLLAB_RANK" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
+def _atomic_excepthook(exc_type, exc, tb) -> None:
+    """Write a rank's fatal traceback in one ``write``, so that the reports of several ranks never interleave."""
+    text = "".join(traceback.format_exception(exc_type, exc, tb))
+    os.write(2, text.encode(errors="replace"))
+
+
 def rank_env() -> tuple[UniqueId, int, int]:
     """(unique id, nranks, rank) for this process from its environment."""
+    sys.excepthook = _atomic_excepthook
     if "NCCLLAB_RANK" in os.environ:
         rank, nranks = int(os.environ["NCCLLAB_RANK"]), int(os.environ["NCCLLAB_NRANKS"])
         return get_unique_id(), nranks, rank

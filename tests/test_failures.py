@@ -1,4 +1,5 @@
 """Bad input and failures: clear errors on every rank, deadlines, and a clean /dev/shm."""
+import re
 import time
 
 import pytest
@@ -22,9 +23,9 @@ def test_sigkill_mid_collective_names_the_missing_rank():
     proc = run_ranks(4, "sigkill", "2", env={"NCCLLAB_TIMEOUT": "15"}, check=False, timeout=120)
     assert proc.returncode != 0
     assert "unexpected success" not in proc.stdout
-    survivors = [line for line in proc.stderr.splitlines() if line.startswith("collectives.device.common.CollectiveError")]
-    assert len(survivors) >= 3, proc.stderr[-3000:]
-    assert all("rank 2" in line for line in survivors), survivors
+    # stderr of several ranks interleaves: find each survivor's report anywhere in it.
+    reports = re.findall(r"CollectiveError: rank (\d+): .*rank 2 \(pid \d+\) is gone", proc.stderr)
+    assert {int(r) for r in reports} == {0, 1, 3}, proc.stderr[-3000:]
     assert time.monotonic() - t0 < 40
     assert not leftover_segments()
 
