@@ -30,7 +30,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("-b", type=parse_size, default=8)
     p.add_argument("-e", type=parse_size, default=parse_size("256M"))
-    p.add_argument("-f", type=int, default=4)
+    p.add_argument("-f", type=int, default=2)
     a = p.parse_args()
     world = MPI.COMM_WORLD
     n = world.size
