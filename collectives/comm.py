@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,7 +41,6 @@ class Channel:
     ring: Ring
     send: Connector | None = None
     recv: Connector | None = None
-    extra: dict = field(default_factory=dict)
 
 
 class Communicator:

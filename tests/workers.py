@@ -128,8 +128,6 @@ def mismatch(args: list[str]) -> None:
                 count = 4000
             elif kind == "dtype":
                 dtype = np.int32
-            elif kind == "op":
-                pass
         x = np.ones(count, dtype)
         op = "max" if (kind == "op" and comm.rank == 1) else "sum"
         comm.all_reduce(x, op=op)

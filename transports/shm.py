@@ -8,6 +8,7 @@ the FIFO directly; no proxy is involved (``proxyProgress`` is NULL for SHM).
 """
 from __future__ import annotations
 
+from collectives.param import env_int
 from tracing import debug
 
 from .connector import HEAD_OFFSET, RECVMEM_BYTES, SENDMEM_BYTES, TAIL_OFFSET, Connector
@@ -18,7 +19,6 @@ NAME = "SHM"
 
 def can_connect(my_info: dict, peer_info: dict) -> bool:
     """``shmCanConnect``: same host hash, and SHM not disabled."""
-    from collectives.param import env_int
     return env_int("NCCL_SHM_DISABLE", 0) != 1 and my_info["host_hash"] == peer_info["host_hash"]
 
 
