@@ -98,6 +98,8 @@ class Communicator:
         self.nnodes = len(node_of_hash)
         self.local_ranks = [r for r in range(self.nranks) if hosts[r] == self.host_hash]
         self.local_rank = self.local_ranks.index(self.rank)
+        self.oversubscribed = len(self.local_ranks) > len(os.sched_getaffinity(0))
+        self._plans: dict[tuple, enqueue.Plan] = {}
         debug.set_device(self.local_rank)
         orders = ring_orders(self.nranks, base, self.peer_info[0]["rings"])
         self.channels = [Channel(c, setup_ring(orders[c % base], self.rank)) for c in range(self.nchannels)]
@@ -203,11 +205,13 @@ class Communicator:
         self._check()
         op = parse_op(op)
         dtype = send.dtype
-        self._signature = (FUNC_CODES[func], count, DTYPE_CODES[dtype_name(dtype)], OPS[op], root)
+        dtype_code = DTYPE_CODES[dtype_name(dtype)]
+        self._signature = (FUNC_CODES[func], count, dtype_code, OPS[op], root)
         self._status.publish(self.op_count, self._signature)
-        debug.info("COLL", f"{func}: opCount {self.op_count:x} sendbuff {hex(send.ctypes.data)} recvbuff "
-                           f"{hex(recv.ctypes.data)} count {count} datatype {DTYPE_CODES[dtype_name(dtype)]} op "
-                           f"{OPS[op]} root {root} comm {hex(id(self))} [nranks={self.nranks}] stream 0x0")
+        if debug.enabled("INFO", "COLL"):
+            debug.info("COLL", f"{func}: opCount {self.op_count:x} sendbuff {hex(_addr(send))} recvbuff "
+                               f"{hex(_addr(recv))} count {count} datatype {dtype_code} op {OPS[op]} root {root} "
+                               f"comm {hex(id(self))} [nranks={self.nranks}] stream 0x0")
         try:
             redop = RedOp(op, np.dtype(dtype), self.nranks)
             if count == 0:
@@ -230,15 +234,14 @@ class Communicator:
         reduce_copy(redop, [send[:n]], [recv[:n]], pre_op=True, post_op=True)
 
     def _run(self, func: str, send, recv, count: int, redop: RedOp, root: int) -> None:
-        plan = enqueue.schedule_coll(self.tuning, func, count, send.dtype.itemsize)
+        plan = self.plan(func, count, send.dtype)
         if debug.enabled("TRACE", "COLL"):
             debug.trace("COLL", f"Collective {func} count={count} channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}} "
                                 f"parts={[w.part_count for w in plan.works]} chunkCount={plan.works[0].chunk_count}")
-        in_place = send.ctypes.data == recv.ctypes.data if func != "AllGather" else \
-            send.ctypes.data == recv.ctypes.data + self.rank * send.nbytes
+        in_place = _addr(send) == _addr(recv) + (self.rank * send.nbytes if func == "AllGather" else 0)
         if func in ("AllGather", "Broadcast"):  # NCCL retypes these as int8: they move bytes
             send, recv = send.view(np.uint8), recv.view(np.uint8)
-        kernel = Kernel(self.rank, self.op_count, func, self._health, self._check_peer_op)
+        kernel = Kernel(self.rank, self.op_count, func, self._health, self._check_peer_op, self.oversubscribed)
         spc = enqueue.CHUNKSTEPS[func] // enqueue.SLICESTEPS[func]
         sps = enqueue.SLICESTEPS[func]
         works = []
@@ -291,7 +294,13 @@ class Communicator:
 
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
         """How ``func`` of ``count`` elements would be split across channels (no data moves)."""
-        return enqueue.schedule_coll(self.tuning, func, count, np.dtype(dtype).itemsize)
+        key = (func, count, np.dtype(dtype).itemsize)
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) > 4096:
+                self._plans.clear()
+            plan = self._plans[key] = enqueue.schedule_coll(self.tuning, func, count, key[2])
+        return plan
 
     @property
     def rings(self) -> list[list[int]]:
@@ -332,6 +341,10 @@ class Communicator:
             self._destroyed = True
             self._release_segments()
             self.bootstrap.close()
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
 
 
 def _finishing(gen, prims):

@@ -17,6 +17,7 @@ SENDMEM_BYTES = 4096
 RECVMEM_BYTES = 4096
 HEAD_OFFSET = 0
 TAIL_OFFSET = 0
+SLEEP_OFFSET = 64  # uint32 "a waiter sleeps on this counter" mark, on the next 64-B line of the counter's 128 B
 
 
 @dataclass
@@ -27,6 +28,8 @@ class Connector:
     head: np.ndarray          # uint64[1] in the sender's memory
     tail: np.ndarray          # uint64[1] in the receiver's memory
     step_size: int            # bytes per FIFO slot: buffSizes[Simple] / NCCL_STEPS
+    head_sleep: np.ndarray | None = None   # uint32[1]: the sender sleeps on head
+    tail_sleep: np.ndarray | None = None   # uint32[1]: the receiver sleeps on tail
     transport: str = "SHM"
     step: int = 0             # persistent step counter (conn->step)
 

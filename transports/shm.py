@@ -11,7 +11,7 @@ from __future__ import annotations
 from collectives.param import env_int
 from tracing import debug
 
-from .connector import HEAD_OFFSET, RECVMEM_BYTES, SENDMEM_BYTES, TAIL_OFFSET, Connector
+from .connector import HEAD_OFFSET, RECVMEM_BYTES, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector
 from .shm_segment import ShmSegment
 
 NAME = "SHM"
@@ -61,13 +61,15 @@ class ShmSetup:
         """Sender: head from our ncclSendMem, tail and FIFO from the peer's ncclRecvMem."""
         mine, theirs = self._own(my_blob), self._map(peer_blob, RECVMEM_BYTES + self.buff_size)
         return Connector(peer=peer, is_send=True, buff=theirs.array[RECVMEM_BYTES:], head=mine.u64(HEAD_OFFSET),
-                         tail=theirs.u64(TAIL_OFFSET), step_size=self.buff_size // 8, transport=NAME)
+                         tail=theirs.u64(TAIL_OFFSET), step_size=self.buff_size // 8, transport=NAME,
+                         head_sleep=mine.u32(SLEEP_OFFSET), tail_sleep=theirs.u32(SLEEP_OFFSET))
 
     def recv_connect(self, my_blob: str, peer_blob: str, peer: int) -> Connector:
         """Receiver: tail and FIFO from our ncclRecvMem, head from the peer's ncclSendMem."""
         mine, theirs = self._own(my_blob), self._map(peer_blob, SENDMEM_BYTES)
         return Connector(peer=peer, is_send=False, buff=mine.array[RECVMEM_BYTES:], head=theirs.u64(HEAD_OFFSET),
-                         tail=mine.u64(TAIL_OFFSET), step_size=self.buff_size // 8, transport=NAME)
+                         tail=mine.u64(TAIL_OFFSET), step_size=self.buff_size // 8, transport=NAME,
+                         head_sleep=theirs.u32(SLEEP_OFFSET), tail_sleep=mine.u32(SLEEP_OFFSET))
 
     def unlink_all(self) -> None:
         """Called once every peer has mapped our segments (after the connect barrier)."""

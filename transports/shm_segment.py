@@ -35,6 +35,9 @@ class ShmSegment:
     def u64(self, offset: int, count: int = 1) -> np.ndarray:
         return self.array[offset:offset + 8 * count].view(np.uint64)
 
+    def u32(self, offset: int, count: int = 1) -> np.ndarray:
+        return self.array[offset:offset + 4 * count].view(np.uint32)
+
     def i64(self, offset: int, count: int = 1) -> np.ndarray:
         return self.array[offset:offset + 8 * count].view(np.int64)
 

@@ -6,6 +6,8 @@ kernel steps them round-robin in this one process, so every channel progresses w
 When nothing moves, it spins a little, then gives the CPU away with ``sched_yield`` (8 ranks on 2 cores must all
 progress), and every few milliseconds checks the deadline, the peers' abort flags and whether they are alive.
 NCCL spins on ``*comm->abortFlag`` every 10 000 loads; we add the deadline so that no wait is endless.
+On an oversubscribed host (more local ranks than cores) a blocked rank sleeps on the counter it waits for
+(``futex``) instead of spinning, so that the rank it waits for gets the core.
 """
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ from typing import Callable, Iterator
 
 from collectives.param import timeout_s
 
+from . import futex
+
 SPINS_BEFORE_YIELD = 4
+SPINS_BEFORE_SLEEP = 20  # oversubscribed only: sched_yield first, then sleep (measured best)
 CHECK_EVERY_S = 0.02
 
 
@@ -25,23 +30,35 @@ class CollectiveError(RuntimeError):
 
 class Kernel:
     def __init__(self, rank: int, op_count: int, func: str, health: Callable[["Kernel"], None],
-                 check_peer_op: Callable[[int], None]):
+                 check_peer_op: Callable[[int], None], oversubscribed: bool = False):
         self.rank, self.op_count, self.func = rank, op_count, func
+        self.sleep = oversubscribed and futex.AVAILABLE
         self.progress = 0
         self.wait_state: dict[int, tuple] = {}
         self._health = health
         self.check_peer_op = check_peer_op
 
-    def waiting(self, channel: int, what: str, peer: int, step: int) -> None:
-        """Record what a channel spins on, for the timeout message and hang diagnosis."""
-        self.wait_state[channel] = (what, peer, step)
+    def waiting(self, channel: int, what: str, peer: int, step: int, word=None, mark=None) -> None:
+        """Record what a channel spins on (for the timeout message, and the word to sleep on)."""
+        self.wait_state[channel] = (what, peer, step, word, mark)
 
     def describe_wait(self) -> str:
         parts = []
-        for ch, (what, peer, step) in sorted(self.wait_state.items()):
+        for ch, (what, peer, step, _, _) in sorted(self.wait_state.items()):
             side = f"tail from rank {peer} (recv)" if what == "tail" else f"head from rank {peer} (send credit)"
             parts.append(f"channel {ch} step {step} waiting for {side}")
         return "; ".join(parts) or "no wait recorded"
+
+    def _sleep_on_a_wait(self) -> None:
+        """Sleep (bounded) on the counter the first blocked channel waits for, marking its line so we get woken."""
+        for what, peer, step, word, mark in self.wait_state.values():
+            if word is None:
+                continue
+            current = int(word[0])
+            mark[0] = 1
+            futex.wait(futex.address(word), current & 0xFFFFFFFF)
+            mark[0] = 0
+            return
 
     def run(self, works: list[Iterator]) -> None:
         active = list(works)
@@ -58,13 +75,17 @@ class Kernel:
                     self.progress += 1
             if self.progress != last_progress:
                 last_progress, spins = self.progress, 0
+                self.wait_state.clear()
                 last_change = time.monotonic()
                 next_check = last_change + CHECK_EVERY_S
                 continue
             spins += 1
             if spins < SPINS_BEFORE_YIELD:
                 continue
-            os.sched_yield()
+            if self.sleep and spins >= SPINS_BEFORE_SLEEP:
+                self._sleep_on_a_wait()
+            else:
+                os.sched_yield()
             now = time.monotonic()
             if now < next_check:
                 continue

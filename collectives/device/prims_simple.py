@@ -24,6 +24,7 @@ import numpy as np
 from collectives.param import NCCL_STEPS
 from transports.connector import Connector
 
+from . import futex
 from .reduce_copy import RedOp, reduce_copy
 
 
@@ -44,10 +45,24 @@ class PrimitivesSimple:
         self.step_elems = (recv or send).step_size // self.esize if (recv or send) else 0
         if recv is not None:
             self.recv_step = _div_up(recv.step, chunk_steps) * chunk_steps
-            recv.head[0] = self.recv_step  # return the credit of the steps we skipped
+            self._head_addr = futex.address(recv.head)
+            self._post_head(self.recv_step)  # return the credit of the steps we skipped
         if send is not None:
             self.send_step = _div_up(send.step, chunk_steps) * chunk_steps
+            self._tail_addr = futex.address(send.tail)
         self._checked_prev = False
+
+    def _post_head(self, step: int) -> None:
+        conn = self.recv_conn
+        conn.head[0] = step
+        if conn.head_sleep[0]:  # the sender sleeps on head (oversubscribed host)
+            futex.wake(self._head_addr)
+
+    def _post_tail(self, step: int) -> None:
+        conn = self.send_conn
+        conn.tail[0] = step  # after the data: x86 keeps stores in order
+        if conn.tail_sleep[0]:
+            futex.wake(self._tail_addr)
 
     def finish(self) -> None:
         """Destructor: save the step counters into the connectors for the next collective."""
@@ -90,7 +105,7 @@ class PrimitivesSimple:
             if recv:
                 target = self.recv_step + sps
                 while int(rconn.tail[0]) < target:
-                    kernel.waiting(self.channel, "tail", rconn.peer, self.recv_step)
+                    kernel.waiting(self.channel, "tail", rconn.peer, self.recv_step, rconn.tail, rconn.tail_sleep)
                     yield
                 if not self._checked_prev:
                     kernel.check_peer_op(rconn.peer)
@@ -98,7 +113,7 @@ class PrimitivesSimple:
             if send:
                 target = self.send_step + sps
                 while int(sconn.head[0]) + NCCL_STEPS < target:
-                    kernel.waiting(self.channel, "head", sconn.peer, self.send_step)
+                    kernel.waiting(self.channel, "head", sconn.peer, self.send_step, sconn.head, sconn.head_sleep)
                     yield
             if real:
                 nbytes = real * esize
@@ -114,9 +129,9 @@ class PrimitivesSimple:
                 reduce_copy(self.op, srcs, dsts, pre_op=src_ix is not None, post_op=post_op)
             if recv:
                 self.recv_step += sps
-                rconn.head[0] = self.recv_step  # postRecv: free the slots
+                self._post_head(self.recv_step)  # postRecv: free the slots
             if send:
                 self.send_step += sps
-                sconn.tail[0] = self.send_step  # postSend: data first, then tail
+                self._post_tail(self.send_step)  # postSend: data first, then tail
             kernel.progress += 1
             offset += slice_size

@@ -31,12 +31,14 @@ OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}  # ncclRedOp_t order
 _UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "avg": np.add}
 
 
+_NAME_OF = {d: name for name, d in DTYPES.items()}
+
+
 def dtype_name(dtype) -> str:
-    dt = np.dtype(dtype)
-    for name, d in DTYPES.items():
-        if d == dt:
-            return name
-    raise TypeError(f"unsupported datatype {dt} (NCCL types: {', '.join(DTYPES)})")
+    name = _NAME_OF.get(np.dtype(dtype))
+    if name is None:
+        raise TypeError(f"unsupported datatype {np.dtype(dtype)} (NCCL types: {', '.join(DTYPES)})")
+    return name
 
 
 def parse_dtype(name: str) -> str:
