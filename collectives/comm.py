@@ -24,14 +24,20 @@ from . import enqueue, sockets
 from .bootstrap import Bootstrap, UniqueId
 from .device import all_gather, all_reduce, broadcast, reduce, reduce_scatter
 from .device.common import CollectiveError, Kernel
+from .device.prims_ll import PrimitivesLL
+from .device.prims_ll128 import PrimitivesLL128
 from .device.prims_simple import PrimitivesSimple
 from .device.reduce_copy import DTYPE_CODES, OPS, RedOp, dtype_name, parse_op, reduce_copy
+from .graph import tuning
 from .graph.rings import Ring, ring_log_line, ring_orders, setup_ring
 from .param import MAXCHANNELS, env_int
 from .status import FUNC_CODES, StatusPage, describe
 
 DEFAULT_NCHANNELS_CPU = 1  # measured: on 2 cores one channel streams best (README); NCCL derives it from its topology search
-DEFAULT_BUFFSIZE = 1 << 22
+# computeBuffSizes (src/init.cc): LL 8 lines/thread * 512 threads * 8 steps * 16 B; LL128 120 * 640 * 8 * 8; Simple 4 MiB
+DEFAULT_BUFF_SIZES = {"LL": 524288, "LL128": 4915200, "Simple": 1 << 22}
+BUFF_ENV = {"LL": "NCCL_LL_BUFFSIZE", "LL128": "NCCL_LL128_BUFFSIZE", "Simple": "NCCL_BUFFSIZE"}
+BUFF_UNIT = {"LL": 8 * 16, "LL128": 8 * 2048, "Simple": 8 * 4096}  # 8 slots of whole lines / slices / pages
 
 
 @dataclass
@@ -49,7 +55,7 @@ class Communicator:
 
     def __init__(self, unique_id: UniqueId | bytes | None = None, nranks: int | None = None,
                  rank: int | None = None, *, rings: list[list[int]] | None = None,
-                 nchannels: int | None = None):
+                 nchannels: int | None = None, protocols: str | None = None):
         if unique_id is None:
             from .launch import rank_env
             unique_id, nranks, rank = rank_env()
@@ -65,28 +71,34 @@ class Communicator:
         self._status_pages: dict[int, StatusPage] = {}
         self._shm: shm.ShmSetup | None = None
         try:
-            self._init_transports(unique_id, rings, nchannels)
+            self._init_transports(unique_id, rings, nchannels, protocols)
         except BaseException:
             self._release_segments()
             self.bootstrap.close()
             raise
 
     # ------------------------------------------------------------------ init
-    def _init_transports(self, uid: UniqueId, rings, nchannels) -> None:
+    def _init_transports(self, uid: UniqueId, rings, nchannels, protocols) -> None:
         nch = nchannels or DEFAULT_NCHANNELS_CPU
         nch = min(env_int("NCCL_MAX_NCHANNELS", env_int("NCCL_MAX_NRINGS", MAXCHANNELS)), nch, MAXCHANNELS)
         min_ch = env_int("NCCL_MIN_NCHANNELS", env_int("NCCL_MIN_NRINGS", 0))
-        self.buff_size = env_int("NCCL_BUFFSIZE", DEFAULT_BUFFSIZE)
-        if self.buff_size <= 0 or self.buff_size % (8 * 4096):
-            raise ValueError(f"NCCL_BUFFSIZE={self.buff_size} must be a positive multiple of 32768")
+        self.buff_sizes = {p: env_int(BUFF_ENV[p], DEFAULT_BUFF_SIZES[p]) for p in DEFAULT_BUFF_SIZES}
+        for p, size in self.buff_sizes.items():
+            if size <= 0 or size % BUFF_UNIT[p]:
+                raise ValueError(f"{BUFF_ENV[p]}={size} must be a positive multiple of {BUFF_UNIT[p]}")
+        self.buff_size = self.buff_sizes["Simple"]
+        proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
+        self.proto_table = tuning.protocol_table(proto_text)
+        self.algo_table = tuning.algorithm_table()
         my_tag = f"{uid.magic:012x}"[-12:] if uid.magic else secrets.token_hex(6)
         self.host_hash = sockets.host_hash()
         info = {"rank": self.rank, "host_hash": self.host_hash, "pid": os.getpid(), "host": socket.gethostname(),
-                "nchannels": max(1, nch), "min_channels": min_ch, "buff_size": self.buff_size, "tag": my_tag,
-                "rings": rings}
+                "nchannels": max(1, nch), "min_channels": min_ch, "buff_sizes": self.buff_sizes, "tag": my_tag,
+                "rings": rings, "proto": proto_text.strip().lower()}
         self.peer_info = self.bootstrap.allgather_obj(info)
-        if len({p["buff_size"] for p in self.peer_info}) != 1:
-            raise ValueError(f"NCCL_BUFFSIZE differs across ranks: {[p['buff_size'] for p in self.peer_info]}")
+        for key, what in (("buff_sizes", "NCCL_*BUFFSIZE"), ("proto", "NCCL_PROTO")):
+            if len({repr(p[key]) for p in self.peer_info}) != 1:
+                raise ValueError(f"{what} differs across ranks: {[p[key] for p in self.peer_info]}")
         self.tag = self.peer_info[0]["tag"]
         # NCCL takes the minimum channel count over ranks, then copies channels up to NCCL_MIN_NCHANNELS.
         base = min(p["nchannels"] for p in self.peer_info)
@@ -103,7 +115,7 @@ class Communicator:
         debug.set_device(self.local_rank)
         orders = ring_orders(self.nranks, base, self.peer_info[0]["rings"])
         self.channels = [Channel(c, setup_ring(orders[c % base], self.rank)) for c in range(self.nchannels)]
-        self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, {"Simple": self.buff_size},
+        self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes,
                                              nthreads=env_int("NCCL_NTHREADS", 512))
         debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nRanks {self.nranks} nNodes {self.nnodes} "
                            f"localRanks {len(self.local_ranks)} localRank {self.local_rank} MNNVL 0")
@@ -138,7 +150,7 @@ class Communicator:
                     raise CollectiveError(
                         f"rank {self.rank}: no transport to rank {peer} (other host, or NCCL_SHM_DISABLE=1); "
                         f"this version has SHM only, the NET transport comes next")
-        self._shm = shm.ShmSetup(self.tag, self.rank, self.buff_size)
+        self._shm = shm.ShmSetup(self.tag, self.rank, self.buff_sizes)
         blobs = {}
         for ch in self.channels:
             blobs[("recv", ch.id)] = self._shm.recv_setup(ch.id, ch.ring.prev)
@@ -235,6 +247,7 @@ class Communicator:
 
     def _run(self, func: str, send, recv, count: int, redop: RedOp, root: int) -> None:
         plan = self.plan(func, count, send.dtype)
+        proto = plan.proto
         if debug.enabled("TRACE", "COLL"):
             debug.trace("COLL", f"Collective {func} count={count} channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}} "
                                 f"parts={[w.part_count for w in plan.works]} chunkCount={plan.works[0].chunk_count}")
@@ -247,7 +260,11 @@ class Communicator:
         works = []
         for w in plan.works:
             ch = self.channels[w.channel]
-            prims = PrimitivesSimple(kernel, ch.id, ch.recv, ch.send, send, recv, redop, spc, sps)
+            if proto == "Simple":
+                prims = PrimitivesSimple(kernel, ch.id, ch.recv, ch.send, send, recv, redop, spc, sps)
+            else:
+                cls = PrimitivesLL if proto == "LL" else PrimitivesLL128
+                prims = cls(kernel, ch.id, ch.recv, ch.send, send, recv, redop)
             if func == "AllReduce":
                 gen = all_reduce.run_ring(prims, ch.ring, w, self.nranks)
             elif func == "ReduceScatter":
@@ -293,14 +310,21 @@ class Communicator:
         return out
 
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
-        """How ``func`` of ``count`` elements would be split across channels (no data moves)."""
+        """How ``func`` of ``count`` elements would run: protocol, channels, parts, chunks (no data moves)."""
         key = (func, count, np.dtype(dtype).itemsize)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) > 4096:
                 self._plans.clear()
-            plan = self._plans[key] = enqueue.schedule_coll(self.tuning, func, count, key[2])
+            tuning.check_algorithm(self.algo_table, func, "Ring")
+            proto = tuning.choose_protocol(self.proto_table, func)
+            plan = self._plans[key] = enqueue.schedule_coll(self.tuning, func, count, key[2], "Ring", proto)
         return plan
+
+    def reference_config(self, func: str) -> dict:
+        """What ``collectives.reference`` needs to reproduce ``func`` on this communicator."""
+        proto = self.plan(func, 1, np.float32).proto
+        return {"rings": self.rings, "nchannels": self.nchannels, "proto": proto, "buffsize": self.buff_sizes[proto]}
 
     @property
     def rings(self) -> list[list[int]]:

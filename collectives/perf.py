@@ -162,7 +162,7 @@ class Runner:
         _poison(out)
         send[...] = np.asarray(inputs[r])
         result = self._call(send, out)
-        kw = dict(rings=comm.rings, nchannels=comm.nchannels, buffsize=comm.buff_size)
+        kw = comm.reference_config(self.func)
         if self.func == "AllReduce":
             expect = reference.all_reduce(inputs, self.op, **kw)
         elif self.func == "AllGather":
@@ -227,7 +227,8 @@ class Runner:
               f"maxBytes {a.maxbytes} step: {a.stepfactor}({'factor' if a.stepfactor > 1 else 'bytes'}) "
               f"warmup iters: {a.warmup_iters} iters: {a.iters} validation: {a.check}", file=out)
         print("#", file=out)
-        print(f"# Using devices  (nranks {comm.nranks}, nchannels {comm.nchannels}, algo Ring, proto Simple)",
+        proto = comm.plan(self.func, 1, self.dtype).proto
+        print(f"# Using devices  (nranks {comm.nranks}, nchannels {comm.nchannels}, algo Ring, proto {proto})",
               file=out)
         for info in comm.peer_info:
             print(f"#  Rank {info['rank']:2d} Group  0 Pid {info['pid']:6d} on {info['host']:>10} device "

@@ -45,8 +45,10 @@ def check_all(comm, seed: int, dtype: str, count: int, colls: list[str], op: str
     """Every collective in ``colls``, out-of-place and in-place, poisoned outputs, bitwise vs the reference."""
     n, r = comm.nranks, comm.rank
     dt = DTYPES[dtype]
-    kw = dict(rings=comm.rings, nchannels=comm.nchannels, buffsize=comm.buff_size)
+    funcs = {"allreduce": "AllReduce", "reducescatter": "ReduceScatter", "allgather": "AllGather",
+             "broadcast": "Broadcast", "reduce": "Reduce"}
     for coll in colls:
+        kw = comm.reference_config(funcs[coll])
         for in_place in (False, True):
             tag = f"{coll} {dtype} count={count} n={n} ch={comm.nchannels} rings={comm.rings} in_place={in_place}"
             if coll == "allreduce":

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collectives.param import env_int
 from tracing import debug
 
-from .connector import HEAD_OFFSET, RECVMEM_BYTES, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector
+from .connector import (DOORBELL_OFFSET, HEAD_OFFSET, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector,
+                        recv_layout)
 from .shm_segment import ShmSegment
 
 NAME = "SHM"
@@ -25,8 +26,9 @@ def can_connect(my_info: dict, peer_info: dict) -> bool:
 class ShmSetup:
     """Segments this rank creates for one communicator, and the connectors built from the peers' segments."""
 
-    def __init__(self, tag: str, rank: int, buff_size: int):
-        self.tag, self.rank, self.buff_size = tag, rank, buff_size
+    def __init__(self, tag: str, rank: int, buff_sizes: dict):
+        self.tag, self.rank, self.buff_sizes = tag, rank, dict(buff_sizes)
+        self.offsets, self.recv_bytes = recv_layout(self.buff_sizes)
         self.owned: list[ShmSegment] = []
         self.mapped: list[ShmSegment] = []
 
@@ -38,9 +40,9 @@ class ShmSetup:
         return seg
 
     def recv_setup(self, channel: int, peer: int) -> str:
-        """Receiver side: ncclRecvMem (tail) + Simple FIFO.  Returns the connect blob (the segment name)."""
+        """Receiver side: ncclRecvMem (tail) + the LL, LL128 and Simple FIFOs.  Returns the connect blob (its name)."""
         name = f"nccllab-{self.tag}-r{self.rank}-c{channel}-recv{peer}"
-        self._create(name, RECVMEM_BYTES + self.buff_size)
+        self._create(name, self.recv_bytes)
         return name
 
     def send_setup(self, channel: int, peer: int) -> str:
@@ -57,19 +59,22 @@ class ShmSetup:
         self.mapped.append(seg)
         return seg
 
+    def _buffs(self, seg: ShmSegment) -> dict:
+        return {p: seg.array[off:off + self.buff_sizes[p]] for p, off in self.offsets.items()}
+
     def send_connect(self, my_blob: str, peer_blob: str, peer: int) -> Connector:
-        """Sender: head from our ncclSendMem, tail and FIFO from the peer's ncclRecvMem."""
-        mine, theirs = self._own(my_blob), self._map(peer_blob, RECVMEM_BYTES + self.buff_size)
-        return Connector(peer=peer, is_send=True, buff=theirs.array[RECVMEM_BYTES:], head=mine.u64(HEAD_OFFSET),
-                         tail=theirs.u64(TAIL_OFFSET), step_size=self.buff_size // 8, transport=NAME,
-                         head_sleep=mine.u32(SLEEP_OFFSET), tail_sleep=theirs.u32(SLEEP_OFFSET))
+        """Sender: head from our ncclSendMem, tail and FIFOs from the peer's ncclRecvMem."""
+        mine, theirs = self._own(my_blob), self._map(peer_blob, self.recv_bytes)
+        return Connector(peer=peer, is_send=True, buffs=self._buffs(theirs), head=mine.u64(HEAD_OFFSET),
+                         tail=theirs.u64(TAIL_OFFSET), head_sleep=mine.u32(SLEEP_OFFSET),
+                         tail_sleep=theirs.u32(SLEEP_OFFSET), doorbell=theirs.u32(DOORBELL_OFFSET), transport=NAME)
 
     def recv_connect(self, my_blob: str, peer_blob: str, peer: int) -> Connector:
-        """Receiver: tail and FIFO from our ncclRecvMem, head from the peer's ncclSendMem."""
+        """Receiver: tail and FIFOs from our ncclRecvMem, head from the peer's ncclSendMem."""
         mine, theirs = self._own(my_blob), self._map(peer_blob, SENDMEM_BYTES)
-        return Connector(peer=peer, is_send=False, buff=mine.array[RECVMEM_BYTES:], head=theirs.u64(HEAD_OFFSET),
-                         tail=mine.u64(TAIL_OFFSET), step_size=self.buff_size // 8, transport=NAME,
-                         head_sleep=theirs.u32(SLEEP_OFFSET), tail_sleep=mine.u32(SLEEP_OFFSET))
+        return Connector(peer=peer, is_send=False, buffs=self._buffs(mine), head=theirs.u64(HEAD_OFFSET),
+                         tail=mine.u64(TAIL_OFFSET), head_sleep=theirs.u32(SLEEP_OFFSET),
+                         tail_sleep=mine.u32(SLEEP_OFFSET), doorbell=mine.u32(DOORBELL_OFFSET), transport=NAME)
 
     def unlink_all(self) -> None:
         """Called once every peer has mapped our segments (after the connect barrier)."""

@@ -49,23 +49,22 @@ class Kernel:
             parts.append(f"channel {ch} step {step} waiting for {side}")
         return "; ".join(parts) or "no wait recorded"
 
-    def _sleep_on_a_wait(self) -> None:
-        """Sleep (bounded) on the counter the first blocked channel waits for, marking its line so we get woken."""
+    def _arm(self):
+        """Mark the line of the counter the first blocked channel waits for, and remember its value *before* the
+        generators re-check their conditions; a post after that read changes the value, so the sleep returns."""
         for what, peer, step, word, mark in self.wait_state.values():
-            if word is None:
-                continue
-            current = int(word[0])
-            mark[0] = 1
-            futex.wait(futex.address(word), current & 0xFFFFFFFF)
-            mark[0] = 0
-            return
+            if word is not None:
+                value = int(word[0]) & 0xFFFFFFFF
+                mark[0] = 1
+                return futex.address(word), value, mark
+        return None
 
     def run(self, works: list[Iterator]) -> None:
         active = list(works)
         deadline_s = timeout_s()
         last_progress, last_change = -1, time.monotonic()
         next_check = last_change + CHECK_EVERY_S
-        spins = 0
+        spins, armed = 0, None
         while active:
             for g in list(active):
                 try:
@@ -83,7 +82,13 @@ class Kernel:
             if spins < SPINS_BEFORE_YIELD:
                 continue
             if self.sleep and spins >= SPINS_BEFORE_SLEEP:
-                self._sleep_on_a_wait()
+                if armed is None:
+                    armed = self._arm()
+                    if armed is not None:
+                        continue  # one more round with the mark set, then sleep
+                else:
+                    futex.wait(armed[0], armed[1])
+                    armed[2][0], armed = 0, None
             else:
                 os.sched_yield()
             now = time.monotonic()

@@ -1,0 +1,108 @@
+"""The primitives every algorithm calls (NCCL ``src/device/primitives.h``: ``class Primitives``).
+
+``send``, ``recv``, ``recv_reduce_send``, ``recv_reduce_copy``, ``recv_reduce_copy_send``, ``recv_copy_send`` and
+``copy_send`` are all one ``generic_op(src, dst, nelem, recv, send, post_op)`` of the protocol (``prims_simple``,
+``prims_ll``, ``prims_ll128``).  NCCL's ``direct*`` variants map to the plain ones, as ``PrimitivesWithoutDirect``
+does for LL/LL128: no registered user buffers here.  Each ``generic_op`` is a generator that yields whenever it
+would spin, recording what it waits for with the kernel.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from collectives.param import NCCL_STEPS
+from transports.connector import Connector
+
+from . import futex
+from .reduce_copy import RedOp
+
+
+def div_up(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+class Primitives:
+    proto = ""
+
+    def __init__(self, kernel, channel: int, recv: Connector | None, send: Connector | None,
+                 sendbuff: np.ndarray, recvbuff: np.ndarray, op: RedOp):
+        self.kernel, self.channel = kernel, channel
+        self.recv_conn, self.send_conn = recv, send
+        self.input, self.output, self.op = sendbuff, recvbuff, op
+        self.esize = sendbuff.dtype.itemsize
+        self._checked_prev = False
+        if recv is not None:
+            self.recv_step = recv.step
+            self._head_addr = futex.address(recv.head)
+        if send is not None:
+            self.send_step = send.step
+            self._tail_addr = futex.address(send.tail)
+            self._bell_addr = futex.address(send.doorbell)
+
+    # --- the names NCCL's algorithms use ---
+    def send(self, inp: int, nelem: int):
+        return self.generic_op(inp, None, nelem, recv=False, send=True, post_op=False)
+
+    def copy_send(self, inp: int, out: int, nelem: int):
+        return self.generic_op(inp, out, nelem, recv=False, send=True, post_op=False)
+
+    def recv(self, out: int, nelem: int):
+        return self.generic_op(None, out, nelem, recv=True, send=False, post_op=False)
+
+    def recv_reduce_send(self, inp: int, nelem: int):
+        return self.generic_op(inp, None, nelem, recv=True, send=True, post_op=False)
+
+    def recv_reduce_copy(self, inp: int, out: int, nelem: int, post_op: bool = False):
+        return self.generic_op(inp, out, nelem, recv=True, send=False, post_op=post_op)
+
+    def recv_reduce_copy_send(self, inp: int, out: int, nelem: int, post_op: bool = False):
+        return self.generic_op(inp, out, nelem, recv=True, send=True, post_op=post_op)
+
+    def recv_copy_send(self, out: int, nelem: int):
+        return self.generic_op(None, out, nelem, recv=True, send=True, post_op=False)
+
+    def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool):
+        raise NotImplementedError
+
+    # --- shared pieces ---
+    def finish(self) -> None:
+        """Destructor: save the step counters into the connectors for the next collective."""
+        if self.recv_conn is not None:
+            self.recv_conn.step = self.recv_step
+        if self.send_conn is not None:
+            self.send_conn.step = self.send_step
+
+    def wait_send_credit(self, steps: int):
+        """``waitSend``: at most NCCL_STEPS steps in flight, ``head + NCCL_STEPS >= step + steps``."""
+        sconn = self.send_conn
+        target = self.send_step + steps
+        while int(sconn.head[0]) + NCCL_STEPS < target:
+            self.kernel.waiting(self.channel, "head", sconn.peer, self.send_step, sconn.head, sconn.head_sleep)
+            yield
+
+    def first_recv_done(self) -> None:
+        """Before using a peer's first data of this collective, check it runs the same collective."""
+        if not self._checked_prev:
+            self.kernel.check_peer_op(self.recv_conn.peer)
+            self._checked_prev = True
+
+    def post_head(self, step: int) -> None:
+        """postRecv: free the slots up to ``step``; wake the sender if it sleeps on head."""
+        conn = self.recv_conn
+        conn.head[0] = step
+        if conn.head_sleep[0]:
+            futex.wake(self._head_addr)
+
+    def post_tail(self, step: int) -> None:
+        """postSend (Simple): publish ``step`` after the data (x86 keeps stores in order)."""
+        conn = self.send_conn
+        conn.tail[0] = step
+        if conn.tail_sleep[0]:
+            futex.wake(self._tail_addr)
+
+    def ring_doorbell(self) -> None:
+        """LL/LL128 have no tail; if the reader sleeps, bump its doorbell and wake it (ours, see futex.py)."""
+        conn = self.send_conn
+        if conn.tail_sleep[0]:
+            conn.doorbell[0] += 1
+            futex.wake(self._bell_addr)

@@ -1,0 +1,111 @@
+"""The LL protocol (NCCL ``src/device/prims_ll.h``, ``Primitives<..., ProtoLL>``): readiness travels in the data.
+
+A 16-byte line is ``{data1, flag1, data2, flag2}`` carrying 8 data bytes; the flag of step s is
+``NCCL_LL_FLAG(s + 1)``, the low 32 bits of ``s + 1``.  There is no tail: the reader accepts a line only when both
+flags are current (``readLL``), so a line whose data has not fully arrived, or a stale line of an older step, is
+never taken.  Every call moves one step (at most 32 KiB of data with the default 512 KiB ``NCCL_LL_BUFFSIZE``):
+the sender takes credit through head (``waitSend``), the receiver returns it by ``head = ++recvStep``
+(``postRecv``).  Wrap-around guard (``incSend``): on a step with ``(step & NCCL_LL_CLEAN_MASK) == CLEAN_MASK`` the
+sender also writes ``{0, flag}`` into every remaining line of the slot, so that no line keeps a flag old enough to
+come round again.  NCCL's test build shrinks both (``NCCL_LL_FLAG(a) = a % 0x100``, mask ``0x78``); here
+``NCCLLAB_LL_FLAG_MOD`` and ``NCCLLAB_LL_CLEAN_MASK`` do the same, for the wrap-around tests.
+The line loops are numba kernels (``ll_kernels``); the reduction is ``reduce_copy`` on the unpacked words.
+Operand order: NCCL's LL computes ``fn(peer, local)``, Simple ``fn(local, peer)``; the built-in ops commute
+bitwise, and the association ``(local op p0) op p1`` is the same, so we share ``reduce_copy``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from collectives.param import env_int
+
+from . import ll_kernels as K
+from .primitives import Primitives, div_up
+from .reduce_copy import reduce_copy
+
+LL_FLAG_MOD = env_int("NCCLLAB_LL_FLAG_MOD", 1 << 32)
+LL_CLEAN_MASK = env_int("NCCLLAB_LL_CLEAN_MASK", 0x7FFFFFF8)
+
+
+def ll_flag(step: int) -> int:
+    """``NCCL_LL_FLAG(step + 1)`` for the transfer at ``step``."""
+    return (step + 1) % LL_FLAG_MOD
+
+
+class PrimitivesLL(Primitives):
+    proto = "LL"
+    data_per_unit = 8            # data bytes per line
+    unit_words = 2               # wire words per line
+
+    def __init__(self, kernel, channel, recv, send, sendbuff, recvbuff, op):
+        super().__init__(kernel, channel, recv, send, sendbuff, recvbuff, op)
+        conn = recv or send
+        self.step_bytes = conn.step_size(self.proto)
+        self.max_words = self.max_data_bytes() // 8
+        self.rbuf = np.empty(self.max_words, np.uint64) if recv is not None else None
+        self.sbuf = np.empty(self.max_words, np.uint64) if send is not None else None
+
+    def max_data_bytes(self) -> int:
+        return self.step_bytes // 2
+
+    def slot_words(self, conn, step: int) -> np.ndarray:
+        return conn.slot(self.proto, step, self.step_bytes).view(np.uint64)
+
+    def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool):
+        """``LLGenericOp<RECV, SEND, SrcBuf, DstBuf>``: one step per call, even for nelem = 0."""
+        nelem = max(nelem, 0)
+        nbytes = nelem * self.esize
+        if nbytes > self.max_data_bytes():
+            raise ValueError(f"{self.proto} call of {nbytes} B exceeds one step ({self.max_data_bytes()} B)")
+        dtype = self.input.dtype
+        if send:
+            yield from self.wait_send_credit(1)
+        srcs, dsts = [], []
+        if src_ix is not None:
+            srcs.append(self.input[src_ix:src_ix + nelem])
+        if recv:
+            yield from self.receive(nbytes)
+            if nbytes:  # an empty LL receive does not wait for the sender: nothing proves it is here yet
+                self.first_recv_done()
+            srcs.append(self.rbuf.view(np.uint8)[:nbytes].view(dtype))
+        if dst_ix is not None:
+            dsts.append(self.output[dst_ix:dst_ix + nelem])
+        if send:
+            nwords = self.padded_words(nbytes)
+            if nwords:
+                self.sbuf[nbytes // 8:nwords] = 0  # zero the padding of the last unit
+            dsts.append(self.sbuf.view(np.uint8)[:nbytes].view(dtype))
+        if nelem:
+            reduce_copy(self.op, srcs, dsts, pre_op=src_ix is not None, post_op=post_op)
+        if send:
+            self.store(nbytes)
+            self.ring_doorbell()
+            self.send_step += 1
+        if recv:
+            self.recv_step += 1
+            self.post_head(self.recv_step)
+        self.kernel.progress += 1
+
+    # --- LL specifics (LL128 overrides these) ---
+    def padded_words(self, nbytes: int) -> int:
+        return div_up(nbytes, 8)
+
+    def receive(self, nbytes: int):
+        """``readLL`` over every line of the call, resumable: yields until all lines carry the current flag."""
+        conn, nlines = self.recv_conn, div_up(nbytes, 8)
+        words, flag = self.slot_words(conn, self.recv_step), ll_flag(self.recv_step)
+        done = 0
+        while True:
+            done = K.ll_poll_unpack(words, self.rbuf, done, nlines, flag)
+            if done == nlines:
+                return
+            self.kernel.waiting(self.channel, "LL flag", conn.peer, self.recv_step, conn.doorbell, conn.tail_sleep)
+            yield
+
+    def store(self, nbytes: int) -> None:
+        """``storeLL`` of every line, then the cleanup of ``incSend`` on clean-mask steps."""
+        conn, nlines = self.send_conn, div_up(nbytes, 8)
+        words, flag = self.slot_words(conn, self.send_step), ll_flag(self.send_step)
+        K.ll_pack(words, self.sbuf, nlines, flag)
+        if (self.send_step & LL_CLEAN_MASK) == LL_CLEAN_MASK:
+            K.ll_fill(words, nlines, self.step_bytes // 16, flag)
