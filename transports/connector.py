@@ -7,7 +7,7 @@ connection's persistent step counter, shared by the protocols: it survives from 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -44,6 +44,25 @@ class Connector:
     doorbell: np.ndarray       # uint32[1] in the receiver's memory
     transport: str = "SHM"
     step: int = 0              # persistent step counter (conn->step)
+    words: dict = field(init=False)      # proto -> uint64[NCCL_STEPS, slot words]: each slot as 64-bit words
+    scratch: dict = field(init=False)    # proto -> reusable uint64 staging (LL/LL128 pack and unpack)
+    head_addr: int = field(init=False)   # addresses for futex sleeping and waking
+    tail_addr: int = field(init=False)
+    bell_addr: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.words = {p: b.view(np.uint64).reshape(NCCL_STEPS, -1) for p, b in self.buffs.items()
+                      if len(b) % (8 * NCCL_STEPS) == 0}
+        self.scratch = {}
+        addr = lambda a: a.__array_interface__["data"][0]  # noqa: E731
+        self.head_addr, self.tail_addr, self.bell_addr = addr(self.head), addr(self.tail), addr(self.doorbell)
+
+    def staging(self, proto: str, nwords: int) -> np.ndarray:
+        """A uint64 buffer of at least ``nwords``, kept for the connection's lifetime (no per-call allocation)."""
+        buf = self.scratch.get(proto)
+        if buf is None or len(buf) < nwords:
+            buf = self.scratch[proto] = np.zeros(nwords, np.uint64)
+        return buf
 
     def step_size(self, proto: str) -> int:
         """Bytes per FIFO slot: buffSizes[proto] / NCCL_STEPS."""

@@ -33,11 +33,8 @@ class Primitives:
         self._checked_prev = False
         if recv is not None:
             self.recv_step = recv.step
-            self._head_addr = futex.address(recv.head)
         if send is not None:
             self.send_step = send.step
-            self._tail_addr = futex.address(send.tail)
-            self._bell_addr = futex.address(send.doorbell)
 
     # --- the names NCCL's algorithms use ---
     def send(self, inp: int, nelem: int):
@@ -91,18 +88,18 @@ class Primitives:
         conn = self.recv_conn
         conn.head[0] = step
         if conn.head_sleep[0]:
-            futex.wake(self._head_addr)
+            futex.wake(conn.head_addr)
 
     def post_tail(self, step: int) -> None:
         """postSend (Simple): publish ``step`` after the data (x86 keeps stores in order)."""
         conn = self.send_conn
         conn.tail[0] = step
         if conn.tail_sleep[0]:
-            futex.wake(self._tail_addr)
+            futex.wake(conn.tail_addr)
 
     def ring_doorbell(self) -> None:
         """LL/LL128 have no tail; if the reader sleeps, bump its doorbell and wake it (ours, see futex.py)."""
         conn = self.send_conn
         if conn.tail_sleep[0]:
             conn.doorbell[0] += 1
-            futex.wake(self._bell_addr)
+            futex.wake(conn.bell_addr)

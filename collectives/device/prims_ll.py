@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectives.param import env_int
+from collectives.param import NCCL_STEPS, env_int
 
 from . import ll_kernels as K
 from .primitives import Primitives, div_up
@@ -42,14 +42,17 @@ class PrimitivesLL(Primitives):
         conn = recv or send
         self.step_bytes = conn.step_size(self.proto)
         self.max_words = self.max_data_bytes() // 8
-        self.rbuf = np.empty(self.max_words, np.uint64) if recv is not None else None
-        self.sbuf = np.empty(self.max_words, np.uint64) if send is not None else None
+        # recv and send staging must not alias: a recv_reduce_send reads one while filling the other
+        self.rbuf = recv.staging(self.proto, self.max_words) if recv is not None else None
+        self.sbuf = send.staging(self.proto, self.max_words) if send is not None else None
+        self.rbytes = self.rbuf.view(np.uint8) if recv is not None else None
+        self.sbytes = self.sbuf.view(np.uint8) if send is not None else None
 
     def max_data_bytes(self) -> int:
         return self.step_bytes // 2
 
     def slot_words(self, conn, step: int) -> np.ndarray:
-        return conn.slot(self.proto, step, self.step_bytes).view(np.uint64)
+        return conn.words[self.proto][step % NCCL_STEPS]
 
     def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool):
         """``LLGenericOp<RECV, SEND, SrcBuf, DstBuf>``: one step per call, even for nelem = 0."""
@@ -67,14 +70,14 @@ class PrimitivesLL(Primitives):
             yield from self.receive(nbytes)
             if nbytes:  # an empty LL receive does not wait for the sender: nothing proves it is here yet
                 self.first_recv_done()
-            srcs.append(self.rbuf.view(np.uint8)[:nbytes].view(dtype))
+            srcs.append(self.rbytes[:nbytes].view(dtype))
         if dst_ix is not None:
             dsts.append(self.output[dst_ix:dst_ix + nelem])
         if send:
             nwords = self.padded_words(nbytes)
             if nwords:
                 self.sbuf[nbytes // 8:nwords] = 0  # zero the padding of the last unit
-            dsts.append(self.sbuf.view(np.uint8)[:nbytes].view(dtype))
+            dsts.append(self.sbytes[:nbytes].view(dtype))
         if nelem:
             reduce_copy(self.op, srcs, dsts, pre_op=src_ix is not None, post_op=post_op)
         if send:
