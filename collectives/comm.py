@@ -29,6 +29,8 @@ from .device.prims_ll128 import PrimitivesLL128
 from .device.prims_simple import PrimitivesSimple
 from .device.reduce_copy import DTYPE_CODES, OPS, RedOp, dtype_name, parse_op, reduce_copy
 from .graph import tuning
+from .graph.cost_model import CostModel
+from .graph.presets import cpu_lab
 from .graph.rings import Ring, ring_log_line, ring_orders, setup_ring
 from .param import MAXCHANNELS, env_int
 from .status import FUNC_CODES, StatusPage, describe
@@ -88,8 +90,9 @@ class Communicator:
                 raise ValueError(f"{BUFF_ENV[p]}={size} must be a positive multiple of {BUFF_UNIT[p]}")
         self.buff_size = self.buff_sizes["Simple"]
         proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
-        self.proto_table = tuning.protocol_table(proto_text)
-        self.algo_table = tuning.algorithm_table()
+        self._proto_text, self._algo_text = proto_text, os.environ.get("NCCL_ALGO", "")
+        tuning.protocol_table(proto_text)  # a bad NCCL_PROTO / NCCL_ALGO fails at init, on every rank
+        tuning.algorithm_table(self._algo_text)
         my_tag = f"{uid.magic:012x}"[-12:] if uid.magic else secrets.token_hex(6)
         self.host_hash = sockets.host_hash()
         info = {"rank": self.rank, "host_hash": self.host_hash, "pid": os.getpid(), "host": socket.gethostname(),
@@ -117,6 +120,11 @@ class Communicator:
         self.channels = [Channel(c, setup_ring(orders[c % base], self.rank)) for c in range(self.nchannels)]
         self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes,
                                              nthreads=env_int("NCCL_NTHREADS", 512))
+        self.machine = cpu_lab(self.nranks, self.nnodes, self.nchannels)
+        self.cost_model = CostModel(self.machine, self._proto_text, self._algo_text)
+        if self.rank == 0:
+            for line in self.cost_model.tuning_lines():
+                debug.info("TUNING", line)
         debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nRanks {self.nranks} nNodes {self.nnodes} "
                            f"localRanks {len(self.local_ranks)} localRank {self.local_rank} MNNVL 0")
         if self.rank == 0:
@@ -316,9 +324,11 @@ class Communicator:
         if plan is None:
             if len(self._plans) > 4096:
                 self._plans.clear()
-            tuning.check_algorithm(self.algo_table, func, "Ring")
-            proto = tuning.choose_protocol(self.proto_table, func)
-            plan = self._plans[key] = enqueue.schedule_coll(self.tuning, func, count, key[2], "Ring", proto)
+            nbytes = key[2] * enqueue.max_send_recv_count(func, self.nranks, count)
+            algo, proto, predicted = self.cost_model.choose(func, nbytes)
+            if self.rank == 0:
+                debug.info("TUNING", f"{func} {nbytes} Bytes -> Algo {algo} proto {proto} time {predicted:f}")
+            plan = self._plans[key] = enqueue.schedule_coll(self.tuning, func, count, key[2], algo, proto)
         return plan
 
     def reference_config(self, func: str) -> dict:

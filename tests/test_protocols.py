@@ -168,7 +168,9 @@ def test_proto_grammar():
                           "NCCL_ALGO")
     assert a["AllReduce"]["Ring"] is False and a["Broadcast"]["Ring"] is True and a["Reduce"]["Ring"] is True
     with pytest.raises(tuning.TuningError, match="No algorithm"):
-        tuning.choose_protocol(tuning.parse_list("^LL,LL128,Simple", tuning.PROTOS, "NCCL_PROTO"), "AllReduce")
+        from collectives.graph.cost_model import CostModel
+        from collectives.graph.presets import cpu_lab
+        CostModel(cpu_lab(4), proto_env="^LL,LL128,Simple").choose("AllReduce", 1024)
 
 
 @pytest.mark.parametrize("env,match", [({"NCCL_PROTO": "LL64"}, "unrecognized element"),

@@ -5,8 +5,7 @@ Grammar, as ``parseList``: entries separated by ``;``; each is ``[func:]list``, 
 ``func:`` prefix (it then applies to every function); ``list`` is a comma list, a leading ``^`` disables the listed
 names and enables the rest; an entry with a prefix replaces that function's whole row; names are case-insensitive;
 an unknown name or prefix is an error.  E.g. ``NCCL_PROTO="^LL128;allreduce:LL128"``.
-Until the cost model lands, a collective that may use several protocols takes the first enabled one in the order
-Simple, LL128, LL (Simple is NCCL's choice for large messages on every machine).
+The choice among what is enabled is the cost model's (``cost_model.py``).
 """
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ from collectives.param import env_str
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 PROTOS = ("LL", "LL128", "Simple")
 ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
-PREFERENCE = ("Simple", "LL128", "LL")
 
 
 class TuningError(ValueError):
@@ -57,18 +55,3 @@ def protocol_table(text: str | None = None) -> dict[str, dict[str, bool]]:
 
 def algorithm_table(text: str | None = None) -> dict[str, dict[str, bool]]:
     return parse_list(env_str("NCCL_ALGO") if text is None else text, ALGOS, "NCCL_ALGO")
-
-
-def check_algorithm(table: dict[str, dict[str, bool]], func: str, algo: str) -> None:
-    """Only Ring runs in this version: a function whose NCCL_ALGO row disables Ring has nothing to run."""
-    if not table[func][algo]:
-        allowed = [a for a, on in table[func].items() if on]
-        raise TuningError(f"No algorithm/protocol available for function {func}: NCCL_ALGO allows "
-                          f"{', '.join(allowed) or 'nothing'}, and nccl-lab implements only {algo} so far")
-
-
-def choose_protocol(table: dict[str, dict[str, bool]], func: str) -> str:
-    for proto in PREFERENCE:
-        if table[func][proto]:
-            return proto
-    raise TuningError(f"No algorithm/protocol available for function {func}: NCCL_PROTO disables every protocol")

@@ -1,0 +1,74 @@
+"""Machines for the cost model: what NCCL's topology search finds on well-known systems, with sources.
+
+``graph bandwidth x channels`` is what NCCL's search (``ncclTopoCompute``) prints as
+``Pattern 4, crossNic 0, nChannels N, bw X/Y, type A/B``; ``comm_channels`` is the INIT log's ``Channel NN/MM``
+count after ``ncclTopoPostset`` doubles it.  Values not printed by a cited log are marked as estimates.
+"""
+from __future__ import annotations
+
+from .cost_model import Graph, Machine, TunerConstants
+
+SOURCES = {
+    "a100-graph": "GRAPH log quoted in public notes on NCCL's search: 'Pattern 4, crossNic 0, nChannels 12, bw "
+                  "20.000000/20.000000, type NVL/PIX' for 8x A100 on NVSwitch (GPU->NVS 240 GB/s: 12 rings of "
+                  "20 GB/s); the 24 ring channels it implies after Postset doubling are in the INIT log of "
+                  "NVIDIA/nccl-tests#100 (HGX A100, 'Channel 23/24').",
+    "h100-graph": "NVIDIA/nccl#1197 (NCCL 2.19.4, H100 nodes): 'Pattern 4, crossNic 0, nChannels 12, bw "
+                  "30.000000/30.000000, type NVL/PIX, sameChannels 1' (ring) and 'Pattern 1 ... nChannels 12, bw "
+                  "30/30' (tree).",
+    "pcie-graph": "NVIDIA/nccl-tests#307 (8x RTX 4090 on PCIe): 'Pattern 4, crossNic 0, nChannels 1, bw "
+                  "5.000000/5.000000, type SYS/PIX, sameChannels 1'.",
+    "cpu-lab": "measured on this lab's 2-core machine with benchmarks/latency.py and allreduce_vs_mpi.py (n=2): "
+               "Simple 29 us, LL 32 us, LL128 36 us at 8 B; about 6 GB/s busbw per channel at 1-64 MiB.",
+}
+
+
+def dgx_a100(nodes: int = 1) -> Machine:
+    g = Graph(12, 20.0, 20.0 if nodes == 1 else 20.0, "NVL", "PIX")
+    return Machine(f"dgx-a100 x{nodes}", nodes, 8, 80, ring=g, tree=g, cpu_vendor="amd",
+                   sources={"graph": SOURCES["a100-graph"],
+                            "inter": "estimate: 8x 200 Gb/s HDR IB (25 GB/s each) do not limit 12 x 20 GB/s rings"})
+
+
+def dgx_h100(nodes: int = 1) -> Machine:
+    g = Graph(12, 30.0, 30.0, "NVL", "PIX")
+    return Machine(f"dgx-h100 x{nodes}", nodes, 8, 90, ring=g, tree=g, cpu_vendor="intel",
+                   sources={"graph": SOURCES["h100-graph"] + (" Single node: estimate, the same search on one "
+                                                              "node (6 x 60 GB/s duplicated to 12 x 30) gives "
+                                                              "the same ring." if nodes == 1 else "")})
+
+
+def pcie_box(gpus: int = 8, comp_cap: int = 89) -> Machine:
+    g = Graph(1, 5.0, 5.0, "SYS", "PIX")
+    return Machine(f"pcie-{gpus}x-cc{comp_cap}", 1, gpus, comp_cap, ring=g, tree=g, cpu_vendor="intel",
+                   sources={"graph": SOURCES["pcie-graph"]})
+
+
+# This lab's transports: SHM through host memory (path PHB, so NCCL's PCI latency row), no GPU (compute
+# capability 0, so LL128 is off unless NCCL_PROTO names it), Ring only until trees land.  The tuner constants are
+# replaced by values measured here, as a tuner plugin would: base latency + 3 us per ring step.
+CPU_CONSTANTS = TunerConstants(
+    base_latencies=((25.9, 30.3, 23.3), (25.9, 30.3, 23.3), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0)),
+    hw_latencies=tuple(tuple((3.0, 3.0, 3.0) if a < 2 else (0, 0, 0) for a in range(7)) for _ in range(3)),
+)
+
+
+def cpu_lab(nranks: int, nodes: int = 1, nchannels: int = 1, bw_per_channel: float = 6.0) -> Machine:
+    g = Graph(nchannels, bw_per_channel, bw_per_channel, "PHB", "PHB")
+    return Machine(f"cpu-lab n={nranks}", nodes, max(1, nranks // max(1, nodes)), 0, ring=g, tree=g,
+                   cpu_vendor="amd", comm_channels=nchannels, algorithms=("Ring",), constants=CPU_CONSTANTS,
+                   sources={"constants": SOURCES["cpu-lab"]})
+
+
+PRESETS = {"dgx-a100": dgx_a100, "dgx-h100": dgx_h100, "pcie": pcie_box, "cpu": cpu_lab}
+
+
+def preset(name: str, nodes: int = 1, nranks: int = 8) -> Machine:
+    key = name.lower()
+    if key not in PRESETS:
+        raise ValueError(f"unknown preset {name!r} (choose from {', '.join(PRESETS)})")
+    if key == "cpu":
+        return cpu_lab(nranks, nodes)
+    if key == "pcie":
+        return pcie_box()
+    return PRESETS[key](nodes)
