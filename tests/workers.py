@@ -203,5 +203,25 @@ def mpi_compare(args: list[str]) -> None:
     print(f"rank {r} ok", flush=True)
 
 
+def auto_choice(args: list[str]) -> None:
+    """The communicator's automatic (algo, proto) equals the cost model's for this lab's CPU preset."""
+    from collectives.graph.cost_model import CostModel
+    from collectives.graph.presets import cpu_lab
+    with collectives.Communicator() as comm:
+        model = CostModel(cpu_lab(comm.nranks, comm.nnodes, comm.nchannels), os.environ.get("NCCL_PROTO", ""),
+                          os.environ.get("NCCL_ALGO", ""))
+        protos = set()
+        for func, mult in (("AllReduce", 1), ("AllGather", comm.nranks), ("ReduceScatter", comm.nranks),
+                           ("Broadcast", 1), ("Reduce", 1)):
+            for count in [1, 7, 100, 4096, 65536, 1 << 20, 1 << 22, 1 << 24]:
+                plan = comm.plan(func, count, np.float32)
+                want = model.choose(func, 4 * count * mult)
+                assert (plan.algo, plan.proto) == want[:2], (func, count, plan.algo, plan.proto, want)
+                protos.add(plan.proto)
+        x = np.ones(1 << 16, np.float32)
+        assert np.array_equal(comm.all_reduce(x), np.full_like(x, comm.nranks))
+    print(f"rank {comm.rank} ok {sorted(protos)}", flush=True)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](sys.argv[2:])

@@ -1,0 +1,138 @@
+"""NCCL's cost model: the worked example of NCCL_FACTS §7.4, crossovers, ties, the tree correction table, protocol
+enablement, the tune CLI, and the communicator choosing what the model chooses."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from collectives.graph import tuning
+from collectives.graph.cost_model import TREE_CORRECTION, CostModel, Graph, Machine, log2i
+from collectives.graph.presets import cpu_lab, dgx_a100, dgx_h100, pcie_box
+from conftest import ROOT, run_ranks
+
+EXAMPLE = Machine("example", 1, 8, 90, ring=Graph(16, 20, 20), tree=Graph(16, 20, 20))
+EXPECTED = {("Ring", "LL"): (15.0, 80.6), ("Ring", "LL128"): (40.6, 168.2), ("Ring", "Simple"): (56.0, 182.9),
+            ("Tree", "LL"): (15.2, 38.7), ("Tree", "LL128"): (31.5, 114.5), ("Tree", "Simple"): (64.4, 147.2)}
+
+
+def lat_bw(model, func, algo, proto):
+    a, p = ("Tree", "Ring").index(algo), ("LL", "LL128", "Simple").index(proto)
+    return float(model.lat[func][a][p]), float(model.bw[func][a][p])
+
+
+def test_worked_example_tables():
+    m = CostModel(EXAMPLE)
+    for (algo, proto), (lat, bw) in EXPECTED.items():
+        got = lat_bw(m, "AllReduce", algo, proto)
+        assert (round(got[0], 1), round(got[1], 1)) == (lat, bw), (algo, proto, got)
+
+
+def test_worked_example_choices():
+    m = CostModel(EXAMPLE)
+    assert m.choose("AllReduce", 1 << 20)[:2] == ("Ring", "LL")
+    assert round(m.choose("AllReduce", 1 << 20)[2], 1) == 28.0
+    assert m.choose("AllReduce", 16 << 20)[:2] == ("Ring", "LL128")
+    assert round(m.choose("AllReduce", 16 << 20)[2], 1) == 140.3
+    assert m.choose("AllReduce", 256 << 20)[:2] == ("Ring", "Simple")
+    assert round(m.choose("AllReduce", 256 << 20)[2]) == 1524
+
+
+def test_crossover_points_follow_from_the_formulas():
+    m = CostModel(EXAMPLE, proto_env="LL,LL128", algo_env="Ring")
+    (l1, b1), (l2, b2) = lat_bw(m, "AllReduce", "Ring", "LL"), lat_bw(m, "AllReduce", "Ring", "LL128")
+    cross = (l2 - l1) / (1 / (1000 * b1) - 1 / (1000 * b2))  # lat1 + x/bw1 == lat2 + x/bw2
+    assert m.choose("AllReduce", int(cross * 0.98))[1] == "LL"
+    assert m.choose("AllReduce", int(cross * 1.02))[1] == "LL128"
+    assert 3.5e6 < cross < 4.5e6
+
+
+def test_ties_go_to_the_lower_algorithm_then_protocol():
+    m = CostModel(EXAMPLE)
+    for a in range(2):
+        for p in range(3):
+            m.lat["AllReduce"][a][p], m.bw["AllReduce"][a][p] = np.float32(10.0), np.float32(100.0)
+    assert m.choose("AllReduce", 1 << 30)[:2] == ("Tree", "LL")
+    m.bw["AllReduce"][0] = [np.float32(0.0)] * 3        # Tree unavailable
+    assert m.choose("AllReduce", 1 << 30)[:2] == ("Ring", "LL")
+    m.lat["AllReduce"][1][0] = np.float32(10.0001)     # a hair slower: strictly smaller wins ...
+    assert m.choose("AllReduce", 0)[:2] == ("Ring", "LL128")
+    # ... unless float32 (NCCL's type for time) cannot tell them apart: 10747.42 us for 1 GiB either way.
+    assert m.choose("AllReduce", 1 << 30)[:2] == ("Ring", "LL")
+
+
+@pytest.mark.parametrize("nbytes,index", [(0, None), (63, None), (64, 0), (127, 0), (128, 1), (64 << 22, 22),
+                                          ((64 << 23) - 1, 22), (64 << 23, None), (1 << 40, None)])
+def test_tree_correction_table_boundaries(nbytes, index):
+    m = CostModel(EXAMPLE)
+    for p in range(3):
+        lat, bw = m.lat["AllReduce"][0][p], m.bw["AllReduce"][0][p]
+        if index is not None:
+            bw = np.float32(bw * np.float32(TREE_CORRECTION[p][index]))
+        expect = float(np.float32(np.float32(lat) + np.float32(nbytes / (1000 * float(bw)))))
+        assert m.time("AllReduce", 0, p, nbytes) == pytest.approx(expect, rel=1e-6)
+    assert log2i(0) == -1 and log2i(1) == 0 and log2i(127) == 6
+
+
+def test_ll128_auto_enable_rules_and_explicit_override():
+    assert lat_bw(CostModel(pcie_box()), "AllReduce", "Ring", "LL128")[1] == 0       # SYS intra path
+    assert lat_bw(CostModel(pcie_box(), proto_env="LL128,Simple"), "AllReduce", "Ring", "LL128")[1] > 0
+    assert lat_bw(CostModel(dgx_a100()), "AllReduce", "Ring", "LL128")[1] > 0        # NVL / PIX, cc 80
+    assert lat_bw(CostModel(cpu_lab(4)), "AllReduce", "Ring", "LL128")[1] == 0        # no GPU: cc 0
+
+
+def test_restrictions_and_no_choice():
+    assert CostModel(EXAMPLE, proto_env="Simple").choose("AllReduce", 8)[1] == "Simple"
+    assert CostModel(EXAMPLE, algo_env="Tree").choose("AllReduce", 1 << 30)[0] == "Tree"
+    assert CostModel(EXAMPLE, proto_env="^LL").choose("AllReduce", 1 << 20)[:2] != ("Ring", "LL")
+    with pytest.raises(tuning.TuningError):
+        CostModel(EXAMPLE, algo_env="Tree").choose("Broadcast", 1 << 20)  # Broadcast is Ring-only
+    with pytest.raises(tuning.TuningError):
+        CostModel(cpu_lab(4), algo_env="Tree").choose("AllReduce", 1024)
+
+
+def test_dgx_h100_large_ring_simple_prediction_within_10_percent_of_published():
+    # NVIDIA/nccl#1455 (8x H100 SXM, NCCL_ALGO=RING, 2-4 GiB): 365-370 GB/s busbw; NVIDIA/nccl-tests#212: ~370.
+    m = CostModel(dgx_h100(), algo_env="Ring", proto_env="Simple")
+    t = m.time("AllReduce", 1, 2, 4 << 30)
+    busbw = (4 << 30) / (t * 1e3) * 2 * 7 / 8
+    assert abs(busbw - 367.5) / 367.5 < 0.10
+
+
+def test_tune_cli_json_and_series(tmp_path):
+    series = tmp_path / "s.json"
+    proc = subprocess.run([sys.executable, "-m", "collectives.tune", "--preset", "dgx-h100", "-b", "1G", "-e", "1G",
+                           "--json", "-", "--series", str(series)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(proc.stdout)
+    assert {r["size"] for r in rows} == {1 << 30}
+    assert set(rows[0]) == {"size", "algo", "proto", "time_us", "algbw", "busbw", "chosen"}
+    assert [(r["algo"], r["proto"]) for r in rows if r["chosen"]] == [("Ring", "Simple")]
+    assert "bandwidth term dominates" in proc.stderr and "runner-up" in proc.stderr
+    pts = json.loads(series.read_text())["points"]
+    assert pts[0]["size"] == 1 << 30 and pts[0]["busbw"] > 300
+
+
+def test_tune_cli_explicit_machine():
+    proc = subprocess.run([sys.executable, "-m", "collectives.tune", "--nodes", "2", "--gpus", "4", "--cc", "80",
+                           "--intra", "PIX", "--ring-channels", "2", "--ring-bw", "10", "-b", "8", "-e", "8"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "latency term dominates" in proc.stdout
+
+
+@pytest.mark.parametrize("proto", ["", "LL,LL128"])
+def test_communicator_choice_equals_the_model_for_the_cpu_preset(proto):
+    env = {"NCCL_PROTO": proto} if proto else {}
+    run_ranks(3, "auto_choice", env=env)
+
+
+def test_tuning_table_is_logged_in_nccl_format():
+    proc = run_ranks(2, "bitwise", "1", "", "[7]", '["float32"]',
+                     env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "TUNING"})
+    lines = [ln for ln in proc.stdout.splitlines() if "NCCL INFO" in ln]
+    assert any(ln.rstrip().endswith("|") and "AllReduce |" in ln and "/" in ln for ln in lines), lines[:10]
+    assert any("AllReduce 28 Bytes -> Algo Ring proto Simple time" in ln for ln in lines)
