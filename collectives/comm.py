@@ -17,6 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracing import debug
+from tracing.events import from_env as tracer_from_env
+from tracing.events import now
+from tracing.hang import report_dir, write_report
 from transports import shm
 from transports.connector import Connector
 
@@ -67,6 +70,7 @@ class Communicator:
             raise ValueError("Communicator needs unique_id, nranks and rank (or a launcher environment)")
         self.rank, self.nranks = rank, nranks
         self.op_count = 0
+        self._kernel: Kernel | None = None
         self._error: str | None = None
         self._destroyed = False
         self.bootstrap = Bootstrap(unique_id, rank, nranks)
@@ -133,6 +137,7 @@ class Communicator:
         self._connect_status()
         if self.nranks > 1:
             self._connect_rings()
+        self.tracer = tracer_from_env(self.rank, self.describe())
         debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nranks {self.nranks} cudaDev {self.local_rank} "
                            f"nvmlDev {self.local_rank} busId 0 commId {hex(uid.magic)} - Init COMPLETE")
 
@@ -175,6 +180,31 @@ class Communicator:
         finally:
             self._shm.unlink_all()
         debug.info("INIT", "Connected all rings, use ring PXN 0 GDR 0")
+
+    def describe(self) -> dict:
+        """The communicator as the trace and the diagrams see it: ranks, nodes, rings and transports."""
+        nodes: dict[int, int] = {}
+        for p in self.peer_info:
+            nodes.setdefault(p["host_hash"], len(nodes))
+        return {"nranks": self.nranks, "nnodes": self.nnodes, "nchannels": self.nchannels, "tag": self.tag,
+                "node_of_rank": [nodes[p["host_hash"]] for p in self.peer_info],
+                "hosts": [p["host"] for p in self.peer_info], "pids": [p["pid"] for p in self.peer_info],
+                "rings": self.rings, "buff_sizes": self.buff_sizes,
+                "transports": [ch.send.transport if ch.send else None for ch in self.channels]}
+
+    def _hang_report(self, kernel: Kernel, error: str) -> dict:
+        waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % 8,
+                  "prim": getattr(kernel.prims_of.get(ch), "prim", "")}
+                 for ch, (what, peer, step, _, _) in sorted(kernel.wait_state.items())]
+        last = []
+        if self.tracer is not None:
+            last = [dict(kind=k, values=list(v)) for k, v in self.tracer.records[-8:]]
+        return {"rank": self.rank, "nranks": self.nranks, "pid": os.getpid(), "func": kernel.func,
+                "op_count": kernel.op_count, "waits": waits, "error": error, "last_events": last}
+
+    def _flush_trace(self) -> None:
+        if getattr(self, "tracer", None) is not None:
+            self.tracer.flush()
 
     def _release_segments(self) -> None:
         if self._shm is not None:
@@ -243,6 +273,10 @@ class Communicator:
         except CollectiveError as exc:
             self._error = str(exc)
             self._status.abort(str(exc))
+            self._flush_trace()
+            if self._kernel is not None and self._kernel.wait_state:
+                path = write_report(report_dir(self.tag), self._hang_report(self._kernel, str(exc)))
+                debug.warn(f"hang report written to {path}")
             debug.warn(str(exc))
             raise
         finally:
@@ -263,6 +297,9 @@ class Communicator:
         if func in ("AllGather", "Broadcast"):  # NCCL retypes these as int8: they move bytes
             send, recv = send.view(np.uint8), recv.view(np.uint8)
         kernel = Kernel(self.rank, self.op_count, func, self._health, self._check_peer_op, self.oversubscribed)
+        kernel.tracer = tracer = self.tracer
+        self._kernel = kernel
+        t0 = now() if tracer is not None else 0
         spc = enqueue.CHUNKSTEPS[func] // enqueue.SLICESTEPS[func]
         sps = enqueue.SLICESTEPS[func]
         works = []
@@ -283,8 +320,12 @@ class Communicator:
                 gen = broadcast.run_ring(prims, ch.ring, w, self.nranks, root, in_place)
             else:
                 gen = reduce.run_ring(prims, ch.ring, w, self.nranks, root)
-            works.append(_finishing(gen, prims))
+            works.append(_finishing(gen, prims, w))
+            kernel.prims_of[ch.id] = prims
         kernel.run(works)
+        if tracer is not None:
+            tracer.add("coll", self.op_count, func, plan.algo, proto, count, dtype_name(send.dtype) if func not in
+                       ("AllGather", "Broadcast") else "int8", redop.name, root, plan.nchannels, t0, now())
 
     # --- public API (ncclAllReduce & co.), numpy arrays in and out ---
     def all_reduce(self, send: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
@@ -353,6 +394,7 @@ class Communicator:
         if self._destroyed:
             return
         self._destroyed = True
+        self._flush_trace()
         try:
             if self._error is None and self.nranks > 1:
                 self.bootstrap.barrier()
@@ -381,10 +423,14 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def _finishing(gen, prims):
+def _finishing(gen, prims, work):
     """Run a channel's algorithm, then save its step counters (the primitives' destructor)."""
+    t0 = now() if prims.tracer is not None else 0
     yield from gen
     prims.finish()
+    if prims.tracer is not None:
+        prims.tracer.add("channel", prims.kernel.op_count, work.channel, work.part_offset, work.part_count,
+                         work.chunk_count, t0, now())
 
 
 def _flat_pair(send: np.ndarray, out: np.ndarray | None, out_size: int) -> tuple[np.ndarray, np.ndarray]:

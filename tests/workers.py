@@ -203,6 +203,14 @@ def mpi_compare(args: list[str]) -> None:
     print(f"rank {r} ok", flush=True)
 
 
+def traced_allreduce(args: list[str]) -> None:
+    """One AllReduce of COUNT float32 on CHANNELS channels (the test reads the trace afterwards)."""
+    nch, count = int(args[0]), int(args[1])
+    with collectives.Communicator(nchannels=nch) as comm:
+        x = np.ones(count, np.float32)
+        assert np.array_equal(comm.all_reduce(x), np.full_like(x, comm.nranks))
+
+
 def auto_choice(args: list[str]) -> None:
     """The communicator's automatic (algo, proto) equals the cost model's for this lab's CPU preset."""
     from collectives.graph.cost_model import CostModel

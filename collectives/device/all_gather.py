@@ -13,12 +13,16 @@ def run_ring(prims, ring, work, nranks: int, in_place: bool):
     while elem_offset < work.part_count:
         nelem = min(work.chunk_count, work.part_count - elem_offset)
         data_offset = work.part_offset + elem_offset
+        prims.loop = elem_offset // work.chunk_count
         offset = data_offset + ranks[0] * count
+        prims.chunk = ranks[0]  # chunk = whose block (for the trace)
         if in_place:  # our input already sits in our block of the output
             yield from prims.send(data_offset, nelem)
         else:
             yield from prims.copy_send(data_offset, offset, nelem)
         for j in range(1, nranks - 1):
+            prims.chunk = ranks[nranks - j]
             yield from prims.recv_copy_send(data_offset + ranks[nranks - j] * count, nelem)
+        prims.chunk = ranks[1]
         yield from prims.recv(data_offset + ranks[1] * count, nelem)
         elem_offset += work.chunk_count

@@ -23,8 +23,10 @@ def run_ring(prims, ring, work, nranks: int):
         rem_count = channel_count - elem_offset
         if rem_count < loop_count:
             chunk_count = _align_up(-(-rem_count // nranks), 16 // esize)
+        prims.loop = elem_offset // loop_count
 
         def chunk_args(chunk: int) -> tuple[int, int]:
+            prims.chunk = chunk  # for the trace only
             off = chunk * chunk_count
             return grid_offset + elem_offset + off, min(chunk_count, rem_count - off)
 

@@ -12,6 +12,7 @@ def run_ring(prims, ring, work, nranks: int, root: int, in_place: bool):
     while elem_offset < work.part_count:
         offset = work.part_offset + elem_offset
         nelem = min(work.chunk_count, work.part_count - elem_offset)
+        prims.loop = prims.chunk = elem_offset // work.chunk_count
         if rank == root:
             if in_place:
                 yield from prims.send(offset, nelem)

@@ -33,6 +33,8 @@ class Kernel:
                  check_peer_op: Callable[[int], None], oversubscribed: bool = False):
         self.rank, self.op_count, self.func = rank, op_count, func
         self.sleep = oversubscribed and futex.AVAILABLE
+        self.tracer = None
+        self.prims_of: dict = {}  # channel -> its Primitives (the hang report names the primitive in progress)
         self.progress = 0
         self.wait_state: dict[int, tuple] = {}
         self._health = health

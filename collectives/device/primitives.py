@@ -13,6 +13,8 @@ import numpy as np
 from collectives.param import NCCL_STEPS
 from transports.connector import Connector
 
+from tracing.events import now
+
 from . import futex
 from .reduce_copy import RedOp
 
@@ -31,6 +33,10 @@ class Primitives:
         self.input, self.output, self.op = sendbuff, recvbuff, op
         self.esize = sendbuff.dtype.itemsize
         self._checked_prev = False
+        # Tracing (None when off): the algorithm notes which loop and chunk each call works on.
+        self.tracer = getattr(kernel, "tracer", None)
+        self.loop = self.chunk = 0
+        self.prim = ""
         if recv is not None:
             self.recv_step = recv.step
         if send is not None:
@@ -38,25 +44,46 @@ class Primitives:
 
     # --- the names NCCL's algorithms use ---
     def send(self, inp: int, nelem: int):
-        return self.generic_op(inp, None, nelem, recv=False, send=True, post_op=False)
+        return self._call("send", inp, None, nelem, False, True, False)
 
     def copy_send(self, inp: int, out: int, nelem: int):
-        return self.generic_op(inp, out, nelem, recv=False, send=True, post_op=False)
+        return self._call("copy_send", inp, out, nelem, False, True, False)
 
     def recv(self, out: int, nelem: int):
-        return self.generic_op(None, out, nelem, recv=True, send=False, post_op=False)
+        return self._call("recv", None, out, nelem, True, False, False)
 
     def recv_reduce_send(self, inp: int, nelem: int):
-        return self.generic_op(inp, None, nelem, recv=True, send=True, post_op=False)
+        return self._call("recv_reduce_send", inp, None, nelem, True, True, False)
 
     def recv_reduce_copy(self, inp: int, out: int, nelem: int, post_op: bool = False):
-        return self.generic_op(inp, out, nelem, recv=True, send=False, post_op=post_op)
+        return self._call("recv_reduce_copy", inp, out, nelem, True, False, post_op)
 
     def recv_reduce_copy_send(self, inp: int, out: int, nelem: int, post_op: bool = False):
-        return self.generic_op(inp, out, nelem, recv=True, send=True, post_op=post_op)
+        return self._call("recv_reduce_copy_send", inp, out, nelem, True, True, post_op)
 
     def recv_copy_send(self, out: int, nelem: int):
-        return self.generic_op(None, out, nelem, recv=True, send=True, post_op=False)
+        return self._call("recv_copy_send", None, out, nelem, True, True, False)
+
+    def _call(self, name, src_ix, dst_ix, nelem, recv, send, post_op):
+        self.prim = name
+        gen = self.generic_op(src_ix, dst_ix, nelem, recv=recv, send=send, post_op=post_op)
+        return gen if self.tracer is None else self._traced(gen, src_ix, dst_ix, nelem, recv, send)
+
+    def _traced(self, gen, src_ix, dst_ix, nelem, recv, send):
+        t0 = now()
+        yield from gen
+        offset = src_ix if src_ix is not None else dst_ix
+        self.tracer.add("prim", self.kernel.op_count, self.channel, self.prim, self.peer(recv, send)[0],
+                        self.peer(recv, send)[1], self.loop, self.chunk, offset, max(nelem, 0), t0, now())
+
+    def peer(self, recv: bool, send: bool) -> tuple[int, int]:
+        return (self.recv_conn.peer if recv else -1, self.send_conn.peer if send else -1)
+
+    def trace_step(self, recv, send, slice_ix, step, offset, nelem, nbytes, t0, t_ready) -> None:
+        """One slice (Simple) or step (LL/LL128) of the current primitive call."""
+        rp, sp = self.peer(recv, send)
+        self.tracer.add("step", self.kernel.op_count, self.channel, self.prim, rp, sp, self.loop, self.chunk,
+                        slice_ix, step % NCCL_STEPS, step, offset, nelem, nbytes, t0, t_ready, now())
 
     def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool):
         raise NotImplementedError

@@ -19,6 +19,8 @@ import numpy as np
 
 from collectives.param import NCCL_STEPS, env_int
 
+from tracing.events import now
+
 from . import ll_kernels as K
 from .primitives import Primitives, div_up
 from .reduce_copy import reduce_copy
@@ -61,6 +63,9 @@ class PrimitivesLL(Primitives):
         if nbytes > self.max_data_bytes():
             raise ValueError(f"{self.proto} call of {nbytes} B exceeds one step ({self.max_data_bytes()} B)")
         dtype = self.input.dtype
+        tracing = self.tracer is not None
+        if tracing:
+            t0, step = now(), (self.recv_step if recv else self.send_step)
         if send:
             yield from self.wait_send_credit(1)
         srcs, dsts = [], []
@@ -73,6 +78,8 @@ class PrimitivesLL(Primitives):
             srcs.append(self.rbytes[:nbytes].view(dtype))
         if dst_ix is not None:
             dsts.append(self.output[dst_ix:dst_ix + nelem])
+        if tracing:
+            t_ready = now()
         if send:
             nwords = self.padded_words(nbytes)
             if nwords:
@@ -88,6 +95,9 @@ class PrimitivesLL(Primitives):
             self.recv_step += 1
             self.post_head(self.recv_step)
         self.kernel.progress += 1
+        if tracing:
+            base = src_ix if src_ix is not None else dst_ix
+            self.trace_step(recv, send, 0, step, base or 0, nelem, nbytes, t0, t_ready)
 
     # --- LL specifics (LL128 overrides these) ---
     def padded_words(self, nbytes: int) -> int:

@@ -16,6 +16,8 @@ at once by writing ``head``.
 """
 from __future__ import annotations
 
+from tracing.events import now
+
 from .primitives import Primitives, div_up
 from .reduce_copy import reduce_copy
 
@@ -43,8 +45,11 @@ class PrimitivesSimple(Primitives):
         slice_size = max(div_up(nelem, 16 * spc) * 16, self.step_elems * sps // 32)
         esize, dtype, offset = self.esize, self.input.dtype, 0
         rconn, sconn = self.recv_conn, self.send_conn
-        for _ in range(spc):
+        tracing = self.tracer is not None
+        for slice_ix in range(spc):
             real = max(0, min(slice_size, nelem - offset))
+            if tracing:
+                t0, step = now(), (self.recv_step if recv else self.send_step)
             if recv:
                 target = self.recv_step + sps
                 while int(rconn.tail[0]) < target:
@@ -53,6 +58,8 @@ class PrimitivesSimple(Primitives):
                 self.first_recv_done()
             if send:
                 yield from self.wait_send_credit(sps)
+            if tracing:
+                t_ready = now()
             if real:
                 nbytes = real * esize
                 srcs, dsts = [], []
@@ -72,4 +79,7 @@ class PrimitivesSimple(Primitives):
                 self.send_step += sps
                 self.post_tail(self.send_step)
             kernel.progress += 1
+            if tracing:
+                base = src_ix if src_ix is not None else dst_ix
+                self.trace_step(recv, send, slice_ix, step, (base or 0) + offset, real, real * esize, t0, t_ready)
             offset += slice_size

@@ -12,6 +12,7 @@ def run_ring(prims, ring, work, nranks: int, root: int):
     while elem_offset < work.part_count:
         offset = work.part_offset + elem_offset
         nelem = min(work.chunk_count, work.part_count - elem_offset)
+        prims.loop = prims.chunk = elem_offset // work.chunk_count
         if prev_rank == root:
             yield from prims.send(offset, nelem)
         elif rank == root:

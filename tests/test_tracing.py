@@ -1,0 +1,75 @@
+"""The trace against the algorithm (NCCL_FACTS §3.2), its exports, and hang diagnosis."""
+import json
+
+import pytest
+
+from collectives import reference
+from conftest import run_ranks
+from tracing import export, hang
+
+SENDING = ("send", "copy_send", "recv_reduce_send", "recv_reduce_copy_send", "recv_copy_send")
+
+
+def expected_send_chunks(n: int, k: int) -> list[int]:
+    """runRing at ring index k: reduce-scatter sends chunk (k-1-s) mod n, allgather forwards (k-s) mod n."""
+    return [(k - 1 - s) % n for s in range(n - 1)] + [(k - s) % n for s in range(n - 1)]
+
+
+@pytest.mark.parametrize("n,nch,count,proto", [(4, 2, 3 * 4 * 524288 // 2 + 999, "Simple"), (3, 1, 50_000, "LL"),
+                                               (3, 2, 400_001, "LL128")])
+def test_ring_allreduce_trace_matches_the_algorithm(tmp_path, n, nch, count, proto):
+    run_ranks(n, "traced_allreduce", str(nch), str(count),
+              env={"NCCLLAB_TRACE": str(tmp_path), "NCCL_PROTO": proto})
+    meta, events = export.load(str(tmp_path))
+    rings = meta["rings"]
+    parts = reference.channel_parts("AllReduce", count, 4, n, nch, proto, meta["buff_sizes"][proto])
+    prims = [e for e in events if e["kind"] == "prim" and e["seq"] == 0]
+    steps = [e for e in events if e["kind"] == "step" and e["seq"] == 0]
+    for rank in range(n):
+        for c, (start, length, chunk) in enumerate(parts):
+            ring = rings[c % len(rings)]
+            k = (ring.index(rank) - ring.index(0)) % n
+            mine = [e for e in prims if e["rank"] == rank and e["channel"] == c]
+            loops = sorted({e["loop"] for e in mine})
+            assert len(loops) == -(-length // (n * chunk))
+            sent_bytes = 0
+            for loop in loops:
+                sends = [e for e in mine if e["loop"] == loop and e["prim"] in SENDING]
+                assert len(sends) == 2 * (n - 1), (rank, c, loop)
+                assert [e["chunk"] for e in sends] == expected_send_chunks(n, k), (rank, c, loop)
+                assert all(e["send_peer"] == ring[(ring.index(rank) + 1) % n] for e in sends)
+                rem = length - loop * n * chunk
+                cc = chunk if rem >= n * chunk else -(-(-(-rem // n)) // 4) * 4
+                sizes = [max(0, min(cc, rem - j * cc)) for j in range(n)]
+                sent_bytes += 4 * sum(sizes[j] for j in expected_send_chunks(n, k))
+            traced = sum(e["bytes"] for e in steps if e["rank"] == rank and e["channel"] == c and e["send_peer"] >= 0)
+            assert traced == sent_bytes, (rank, c, traced, sent_bytes)
+
+
+def test_perfetto_json_has_a_process_per_rank_and_a_track_per_channel(tmp_path):
+    run_ranks(3, "traced_allreduce", "2", "300000", env={"NCCLLAB_TRACE": str(tmp_path)})
+    doc = json.loads(json.dumps(export.perfetto(str(tmp_path))))  # round-trips as plain JSON
+    evs = doc["traceEvents"]
+    procs = {e["pid"]: e["args"]["name"] for e in evs if e["ph"] == "M" and e["name"] == "process_name"}
+    assert procs == {0: "rank 0", 1: "rank 1", 2: "rank 2"}
+    threads = {(e["pid"], e["args"]["name"]) for e in evs if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {(r, f"channel {c}") for r in range(3) for c in range(2)} <= threads
+    assert {(r, "collectives") for r in range(3)} <= threads
+    xs = [e for e in evs if e["ph"] == "X"]
+    assert xs and all(e["dur"] >= 0 and e["ts"] >= 0 for e in xs)
+    assert {e["cat"] for e in xs} == {"coll", "channel", "prim", "step"}
+    rows = export.movements(str(tmp_path))
+    assert rows and {"from", "to", "chunk", "slot", "step", "bytes", "op"} <= set(rows[0])
+
+
+def test_hang_report_names_the_stalled_rank(tmp_path):
+    proc = run_ranks(4, "stuck", "6", env={"NCCLLAB_TIMEOUT": "3", "NCCLLAB_HANG_DIR": str(tmp_path)},
+                     check=False, timeout=120)
+    assert proc.returncode != 0
+    verdict = hang.diagnose(str(tmp_path))
+    assert verdict["culprit"] == 1, verdict
+    reports = hang.load_reports(str(tmp_path))
+    assert 1 not in reports and 2 in reports
+    w = reports[2]["waits"][0]   # rank 2 receives from rank 1 on channel 0, at the first step of the call
+    assert (w["channel"], w["what"], w["peer"], w["step"], w["slot"]) == (0, "tail", 1, 0, 0)
+    assert w["prim"] == "recv_reduce_send"

@@ -1,0 +1,55 @@
+"""Chunk-level trace events, shaped after NCCL's profiler plugin hierarchy (``src/include/plugin/nccl_profiler.h``:
+Coll -> KernelCh -> primitive call -> step; NCCL_FACTS §9).
+
+Off unless ``NCCLLAB_TRACE=<dir>``.  Each rank keeps its events as tuples in memory and writes
+``<dir>/trace-rank<r>.jsonl`` when its communicator is destroyed (and on errors): one JSON object per line, the
+first line the communicator's description.  ``tracing.export`` merges ranks and converts.
+Times are ``time.monotonic_ns()`` (CLOCK_MONOTONIC, one clock for every process on a host).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+now = time.monotonic_ns
+
+# Field order of each record kind (kept as tuples while tracing, named when written).
+FIELDS = {
+    "coll": ("seq", "func", "algo", "proto", "count", "dtype", "op", "root", "nchannels", "t0", "t1"),
+    "channel": ("seq", "channel", "part_offset", "part_count", "chunk_count", "t0", "t1"),
+    "prim": ("seq", "channel", "prim", "recv_peer", "send_peer", "loop", "chunk", "offset", "count", "t0", "t1"),
+    "step": ("seq", "channel", "prim", "recv_peer", "send_peer", "loop", "chunk", "slice", "slot", "step",
+             "offset", "count", "bytes", "t0", "t_ready", "t1"),
+}
+
+
+class Tracer:
+    def __init__(self, directory: str, rank: int, meta: dict):
+        self.dir, self.rank, self.meta = directory, rank, meta
+        self.records: list[tuple] = []
+        os.makedirs(directory, exist_ok=True)
+
+    def add(self, kind: str, *values) -> None:
+        self.records.append((kind, values))
+
+    def path(self) -> str:
+        return os.path.join(self.dir, f"trace-rank{self.rank}.jsonl")
+
+    def flush(self) -> str:
+        with open(self.path(), "w") as f:
+            f.write(json.dumps({"kind": "meta", "rank": self.rank, **self.meta}) + "\n")
+            for kind, values in self.records:
+                f.write(json.dumps({"kind": kind, **dict(zip(FIELDS[kind], values))}) + "\n")
+        return self.path()
+
+
+def from_env(rank: int, meta: dict) -> Tracer | None:
+    directory = os.environ.get("NCCLLAB_TRACE", "").strip()
+    return Tracer(directory, rank, meta) if directory else None
+
+
+def read_rank_file(path: str) -> tuple[dict, list[dict]]:
+    with open(path) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    return lines[0], lines[1:]

@@ -1,0 +1,90 @@
+"""Merging rank trace files and converting them (``python -m tracing perfetto|csv|merge DIR``).
+
+* Perfetto / Chrome trace-event JSON: one process per rank, one track per channel (primitive calls with their
+  slices or steps nested inside), one track for the collectives; opens in ui.perfetto.dev.
+* Chunk movements (CSV or JSON): one row per slice or step that sends data, from rank to peer, with the
+  collective, channel, primitive, loop, chunk, FIFO slot, step, element offset and count, bytes and times.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+
+from .events import read_rank_file
+
+COLL_TID = 10_000
+
+
+def load(directory: str) -> tuple[dict, list[dict]]:
+    """All ranks' events (each with its ``rank``) sorted by start time, and the rank-0 description."""
+    metas, events = {}, []
+    for path in sorted(glob.glob(os.path.join(directory, "trace-rank*.jsonl"))):
+        meta, evs = read_rank_file(path)
+        metas[meta["rank"]] = meta
+        for e in evs:
+            e["rank"] = meta["rank"]
+        events.extend(evs)
+    if not metas:
+        raise FileNotFoundError(f"no trace-rank*.jsonl in {directory} (run with NCCLLAB_TRACE={directory})")
+    events.sort(key=lambda e: e["t0"])
+    return metas[min(metas)], events
+
+
+def perfetto(directory: str) -> dict:
+    meta, events = load(directory)
+    t_base = min(e["t0"] for e in events) if events else 0
+    out = []
+    ranks = sorted({e["rank"] for e in events} | {meta["rank"]})
+    for r in ranks:
+        out.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": f"rank {r}"}})
+        out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": COLL_TID, "args": {"name": "collectives"}})
+        for c in range(meta["nchannels"]):
+            out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": c, "args": {"name": f"channel {c}"}})
+    for e in events:
+        ts, dur = (e["t0"] - t_base) / 1000.0, max(0.0, (e["t1"] - e["t0"]) / 1000.0)
+        kind = e["kind"]
+        if kind == "coll":
+            name, tid = f"{e['func']} #{e['seq']} {e['algo']}/{e['proto']}", COLL_TID
+        elif kind == "channel":
+            name, tid = f"channel {e['channel']} part {e['part_offset']}+{e['part_count']}", e["channel"]
+        elif kind == "prim":
+            name, tid = f"{e['prim']} c{e['chunk']}", e["channel"]
+        else:
+            name, tid = f"slice {e['slice']} slot {e['slot']}", e["channel"]
+        args = {k: v for k, v in e.items() if k not in ("kind", "t0", "t1", "rank")}
+        out.append({"ph": "X", "name": name, "cat": kind, "pid": e["rank"], "tid": tid, "ts": ts, "dur": dur,
+                    "args": args})
+    return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": {"nccl-lab": meta}}
+
+
+def movements(directory: str) -> list[dict]:
+    """Every slice/step that sends: who sent which chunk to whom, reduced or copied."""
+    _, events = load(directory)
+    rows = []
+    for e in events:
+        if e["kind"] != "step" or e["send_peer"] < 0:
+            continue
+        rows.append({"seq": e["seq"], "channel": e["channel"], "from": e["rank"], "to": e["send_peer"],
+                     "prim": e["prim"], "op": "reduce" if "reduce" in e["prim"] else "copy", "loop": e["loop"],
+                     "chunk": e["chunk"], "slice": e["slice"], "slot": e["slot"], "step": e["step"],
+                     "offset": e["offset"], "count": e["count"], "bytes": e["bytes"], "t0": e["t0"], "t1": e["t1"]})
+    return rows
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+    with open(path, "w", newline="") as f:
+        if not rows:
+            return
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def merge(directory: str, path: str) -> None:
+    meta, events = load(directory)
+    with open(path, "w") as f:
+        f.write(json.dumps({"kind": "meta", **meta}) + "\n")
+        for e in events:
+            f.write(json.dumps(e) + "\n")
