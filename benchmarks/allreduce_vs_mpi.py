@@ -31,7 +31,9 @@ def main() -> None:
     p.add_argument("-b", type=parse_size, default=8)
     p.add_argument("-e", type=parse_size, default=parse_size("256M"))
     p.add_argument("-f", type=int, default=2)
+    p.add_argument("--json", help="write both curves as series files for `python -m visualize curves`")
     a = p.parse_args()
+    lab_pts, mpi_pts = [], []
     world = MPI.COMM_WORLD
     n = world.size
     with collectives.Communicator() as comm:
@@ -54,7 +56,15 @@ def main() -> None:
                 bl, bm = size / t_lab / 1e9 * factor, size / t_mpi / 1e9 * factor
                 print(f"  {size:>10} {t_lab * 1e6:>10.1f} {bl:>10.2f} {t_mpi * 1e6:>10.1f} {bm:>10.2f} "
                       f"{bl / bm if bm else 0:>8.2f}", flush=True)
+                lab_pts.append({"size": size, "algbw": size / t_lab / 1e9, "busbw": bl, "time_us": t_lab * 1e6})
+                mpi_pts.append({"size": size, "algbw": size / t_mpi / 1e9, "busbw": bm, "time_us": t_mpi * 1e6})
             size *= a.f
+        if a.json and comm.rank == 0:
+            import json
+            with open(a.json, "w") as f:
+                json.dump([{"label": f"nccl-lab ring n={n}", "points": lab_pts},
+                           {"label": f"MPI Allreduce n={n} ({MPI.Get_library_version().split()[0]})",
+                            "points": mpi_pts}], f, indent=1)
 
 
 if __name__ == "__main__":

@@ -34,8 +34,9 @@ from .device.reduce_copy import DTYPE_CODES, OPS, RedOp, dtype_name, parse_op, r
 from .graph import tuning
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
-from .graph.rings import Ring, ring_log_line, ring_orders, setup_ring
-from .param import MAXCHANNELS, env_int
+from .graph.rings import Ring, parse_rings, ring_log_line, ring_orders, setup_ring
+from .graph.trees import channel_trees, trees_log_line
+from .param import MAXCHANNELS, env_int, env_str
 from .status import FUNC_CODES, StatusPage, describe
 
 DEFAULT_NCHANNELS_CPU = 1  # measured: on 2 cores one channel streams best (README); NCCL derives it from its topology search
@@ -85,7 +86,10 @@ class Communicator:
 
     # ------------------------------------------------------------------ init
     def _init_transports(self, uid: UniqueId, rings, nchannels, protocols) -> None:
-        nch = nchannels or DEFAULT_NCHANNELS_CPU
+        if rings is None and env_str("NCCLLAB_RINGS"):
+            rings = parse_rings(env_str("NCCLLAB_RINGS"), self.nranks)
+        # Explicit rings set the channel count, as NCCL's former NCCL_RINGS did.
+        nch = nchannels or max(DEFAULT_NCHANNELS_CPU, len(rings or []))
         nch = min(env_int("NCCL_MAX_NCHANNELS", env_int("NCCL_MAX_NRINGS", MAXCHANNELS)), nch, MAXCHANNELS)
         min_ch = env_int("NCCL_MIN_NCHANNELS", env_int("NCCL_MIN_NRINGS", 0))
         self.buff_sizes = {p: env_int(BUFF_ENV[p], DEFAULT_BUFF_SIZES[p]) for p in DEFAULT_BUFF_SIZES}
@@ -134,6 +138,9 @@ class Communicator:
         if self.rank == 0:
             for ch in self.channels:
                 debug.info("INIT", ring_log_line(ch.id, self.nchannels, list(ch.ring.order)))
+        node_of = [node_of_hash[h] for h in hosts]
+        self.trees = channel_trees(self.rings, node_of)
+        debug.info("INIT", trees_log_line(self.rank, self.trees))
         self._connect_status()
         if self.nranks > 1:
             self._connect_rings()
@@ -193,9 +200,8 @@ class Communicator:
                 "transports": [ch.send.transport if ch.send else None for ch in self.channels]}
 
     def _hang_report(self, kernel: Kernel, error: str) -> dict:
-        waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % 8,
-                  "prim": getattr(kernel.prims_of.get(ch), "prim", "")}
-                 for ch, (what, peer, step, _, _) in sorted(kernel.wait_state.items())]
+        waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % 8, "prim": prim}
+                 for ch, (what, peer, step, _, _, prim) in sorted(kernel.wait_state.items())]
         last = []
         if self.tracer is not None:
             last = [dict(kind=k, values=list(v)) for k, v in self.tracer.records[-8:]]
@@ -310,6 +316,8 @@ class Communicator:
             else:
                 cls = PrimitivesLL if proto == "LL" else PrimitivesLL128
                 prims = cls(kernel, ch.id, ch.recv, ch.send, send, recv, redop)
+            if tracer is not None:
+                prims.locate = _locator(func, w, self.nranks, send.itemsize, ch.ring.user_ranks[0])
             if func == "AllReduce":
                 gen = all_reduce.run_ring(prims, ch.ring, w, self.nranks)
             elif func == "ReduceScatter":
@@ -321,7 +329,6 @@ class Communicator:
             else:
                 gen = reduce.run_ring(prims, ch.ring, w, self.nranks, root)
             works.append(_finishing(gen, prims, w))
-            kernel.prims_of[ch.id] = prims
         kernel.run(works)
         if tracer is not None:
             tracer.add("coll", self.op_count, func, plan.algo, proto, count, dtype_name(send.dtype) if func not in
@@ -417,6 +424,14 @@ class Communicator:
             self._destroyed = True
             self._release_segments()
             self.bootstrap.close()
+
+
+def _locator(func: str, work, nranks: int, esize: int, rank: int):
+    """For the trace: the algorithm's map from a call's element offsets to its (loop, chunk)."""
+    if func == "AllGather":
+        return lambda prim, src, dst: all_gather.locate(work, nranks, esize, prim, src, dst, rank)
+    mod = {"AllReduce": all_reduce, "ReduceScatter": reduce_scatter, "Broadcast": broadcast, "Reduce": reduce}[func]
+    return lambda prim, src, dst: mod.locate(work, nranks, esize, prim, src, dst)
 
 
 def _addr(a: np.ndarray) -> int:

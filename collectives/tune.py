@@ -112,7 +112,8 @@ def main(argv=None) -> int:
         print(f"  {nbytes:>12} " + " ".join(cells), file=out)
         print(f"  {'':>12} -> {explain(rows, nbytes)}", file=out)
         win = next(r for r in rows if r["chosen"])
-        series.append({"size": nbytes, "busbw": win["busbw"], "algo": win["algo"], "proto": win["proto"]})
+        series.append({"size": nbytes, "busbw": win["busbw"], "algbw": win["algbw"], "algo": win["algo"],
+                       "proto": win["proto"]})
     public = [{k: r[k] for k in ("size", "algo", "proto", "time_us", "algbw", "busbw", "chosen")} for r in all_rows]
     if a.json:
         text = json.dumps(public, indent=1)

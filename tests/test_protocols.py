@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -194,7 +195,8 @@ def _ll_sender(monkeypatch, step: int):
                      tail=z(np.uint64), head_sleep=z(np.uint32), tail_sleep=z(np.uint32), doorbell=z(np.uint32),
                      step=step)
     x = np.arange(4, dtype=np.float32)
-    prims = prims_ll.PrimitivesLL(None, 0, None, conn, x, x, RedOp("sum", np.dtype(np.float32), 2))
+    kernel = types.SimpleNamespace(tracer=None)  # store() needs no scheduling
+    prims = prims_ll.PrimitivesLL(kernel, 0, None, conn, x, x, RedOp("sum", np.dtype(np.float32), 2))
     prims.sbuf[:2] = x.view(np.uint64)
     return prims, conn
 

@@ -1,7 +1,8 @@
 """Parser of nccl-tests output (``all_reduce_perf`` & co.), both row formats (NCCL_FACTS §8.2).
 
-Reads legacy (<= 2.17: ``%7.2f`` times, ``%5g`` #wrong) and current (>= 2.18: ``getFloatStr``) rows, any header
-or comment lines, several tables in one file, and the ``Out of bounds values`` / ``Avg bus bandwidth`` footers.
+Reads legacy (<= 2.17: ``%7.2f`` times, ``%5g`` #wrong) and current (>= 2.18: ``getFloatStr``) rows, older rows
+without the ``root`` column and with an ``error`` column (``0e+00``), any header or comment lines, several tables
+in one file, and the ``Out of bounds values`` / ``Avg bus bandwidth`` footers.
 Works on real nccl-tests output and on ``python -m collectives.ring``'s, which prints the same table.
 """
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+|none)\s+(-?\d+)\s+(.*)$")
+_NUM = re.compile(r"^-?[\d.]+(e[-+]?\d+)?$|^N/A$", re.I)
 
 
 @dataclass
@@ -43,6 +44,17 @@ def _placement(fields: list[str]) -> dict:
     return {"time_us": float(time), "algbw": float(algbw), "busbw": float(busbw), "wrong": _num(wrong)}
 
 
+def _row(tok: list[str]) -> Row | None:
+    """size count type redop [root] then 4 numbers per placement; None for anything else."""
+    if len(tok) not in (12, 13) or not (tok[0].isdigit() and tok[1].isdigit()):
+        return None
+    root = int(tok[4]) if len(tok) == 13 and tok[4].lstrip("-").isdigit() else -1
+    nums = tok[-8:]
+    if not all(_NUM.match(x) for x in nums):
+        return None
+    return Row(int(tok[0]), int(tok[1]), tok[2], tok[3], root, _placement(nums[:4]), _placement(nums[4:]))
+
+
 def parse(text: str) -> list[Table]:
     """All tables in ``text``; a new table starts at each header after a footer (or at the first row)."""
     tables: list[Table] = []
@@ -64,15 +76,11 @@ def parse(text: str) -> list[Table]:
                 cur = tables[-1]
             cur.header.append(line)
             continue
-        m = _ROW.match(line)
-        if not m:
-            continue
-        rest = m.group(6).split()
-        if len(rest) < 8:
+        row = _row(line.split())
+        if row is None:
             continue
         if cur is None:
             tables.append(Table())
             cur = tables[-1]
-        cur.rows.append(Row(int(m.group(1)), int(m.group(2)), m.group(3), m.group(4), int(m.group(5)),
-                            _placement(rest[0:4]), _placement(rest[4:8])))
+        cur.rows.append(row)
     return [t for t in tables if t.rows]

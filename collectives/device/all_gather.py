@@ -13,16 +13,21 @@ def run_ring(prims, ring, work, nranks: int, in_place: bool):
     while elem_offset < work.part_count:
         nelem = min(work.chunk_count, work.part_count - elem_offset)
         data_offset = work.part_offset + elem_offset
-        prims.loop = elem_offset // work.chunk_count
         offset = data_offset + ranks[0] * count
-        prims.chunk = ranks[0]  # chunk = whose block (for the trace)
         if in_place:  # our input already sits in our block of the output
             yield from prims.send(data_offset, nelem)
         else:
             yield from prims.copy_send(data_offset, offset, nelem)
         for j in range(1, nranks - 1):
-            prims.chunk = ranks[nranks - j]
             yield from prims.recv_copy_send(data_offset + ranks[nranks - j] * count, nelem)
-        prims.chunk = ranks[1]
         yield from prims.recv(data_offset + ranks[1] * count, nelem)
         elem_offset += work.chunk_count
+
+
+def locate(work, nranks: int, esize: int, prim: str, src_ix, dst_ix, rank: int = 0) -> tuple[int, int]:
+    """(loop, chunk = whose block) from the output offset ``dataOffset + rank * count``; trace only.  The first
+    call of each loop (send / copy_send) moves our own block, addressed by its input offset."""
+    if dst_ix is None or prim == "copy_send":
+        return (src_ix - work.part_offset) // work.chunk_count, rank
+    block, within = divmod(dst_ix - work.part_offset, work.count)
+    return within // work.chunk_count, block

@@ -23,10 +23,8 @@ def run_ring(prims, ring, work, nranks: int):
         rem_count = channel_count - elem_offset
         if rem_count < loop_count:
             chunk_count = _align_up(-(-rem_count // nranks), 16 // esize)
-        prims.loop = elem_offset // loop_count
 
         def chunk_args(chunk: int) -> tuple[int, int]:
-            prims.chunk = chunk  # for the trace only
             off = chunk * chunk_count
             return grid_offset + elem_offset + off, min(chunk_count, rem_count - off)
 
@@ -43,3 +41,13 @@ def run_ring(prims, ring, work, nranks: int):
         offset, nelem = chunk_args(mod(ring_ix + 1))                    # final copy into the output
         yield from prims.recv(offset, nelem)
         elem_offset += loop_count
+
+
+def locate(work, nranks: int, esize: int, prim: str, src_ix, dst_ix) -> tuple[int, int]:
+    """(loop, chunk) of a call from its element offset (NCCL_FACTS §3.2's element -> chunk map); trace only."""
+    loop_count = nranks * work.chunk_count
+    r = (dst_ix if dst_ix is not None else src_ix) - work.part_offset
+    loop = r // loop_count
+    rem = work.part_count - loop * loop_count
+    cc = work.chunk_count if rem >= loop_count else _align_up(-(-rem // nranks), 16 // esize)
+    return loop, (r - loop * loop_count) // cc

@@ -17,6 +17,8 @@ from typing import Callable, Iterator
 
 from collectives.param import timeout_s
 
+from tracing.events import now
+
 from . import futex
 
 SPINS_BEFORE_YIELD = 4
@@ -34,19 +36,21 @@ class Kernel:
         self.rank, self.op_count, self.func = rank, op_count, func
         self.sleep = oversubscribed and futex.AVAILABLE
         self.tracer = None
-        self.prims_of: dict = {}  # channel -> its Primitives (the hang report names the primitive in progress)
         self.progress = 0
         self.wait_state: dict[int, tuple] = {}
         self._health = health
         self.check_peer_op = check_peer_op
 
-    def waiting(self, channel: int, what: str, peer: int, step: int, word=None, mark=None) -> None:
-        """Record what a channel spins on (for the timeout message, and the word to sleep on)."""
-        self.wait_state[channel] = (what, peer, step, word, mark)
+    def waiting(self, prims, what: str, peer: int, step: int, word=None, mark=None) -> None:
+        """Record what a channel spins on (timeout message, hang report, the word to sleep on).  Only called
+        while blocked, so it may cost a little."""
+        self.wait_state[prims.channel] = (what, peer, step, word, mark, prims.prim)
+        if prims.tracer is not None:
+            prims.t_wait = now()
 
     def describe_wait(self) -> str:
         parts = []
-        for ch, (what, peer, step, _, _) in sorted(self.wait_state.items()):
+        for ch, (what, peer, step, _, _, _) in sorted(self.wait_state.items()):
             side = f"tail from rank {peer} (recv)" if what == "tail" else f"head from rank {peer} (send credit)"
             parts.append(f"channel {ch} step {step} waiting for {side}")
         return "; ".join(parts) or "no wait recorded"
@@ -54,7 +58,7 @@ class Kernel:
     def _arm(self):
         """Mark the line of the counter the first blocked channel waits for, and remember its value *before* the
         generators re-check their conditions; a post after that read changes the value, so the sleep returns."""
-        for what, peer, step, word, mark in self.wait_state.values():
+        for what, peer, step, word, mark, _ in self.wait_state.values():
             if word is not None:
                 value = int(word[0]) & 0xFFFFFFFF
                 mark[0] = 1

@@ -25,6 +25,12 @@ def div_up(a: int, b: int) -> int:
 
 class Primitives:
     proto = ""
+    # What the algorithm is doing now: the primitive (for hang reports), and for the trace its loop and chunk.
+    prim = ""
+    loop = chunk = 0
+    locate = None  # tracing: (prim, src, dst) -> (loop, chunk), set by the communicator
+    t_mark = 0   # tracing: when the previous slice/step of this channel ended (the next one starts there)
+    t_wait = 0   # tracing: the last moment a wait of this channel was still waiting
 
     def __init__(self, kernel, channel: int, recv: Connector | None, send: Connector | None,
                  sendbuff: np.ndarray, recvbuff: np.ndarray, op: RedOp):
@@ -33,45 +39,60 @@ class Primitives:
         self.input, self.output, self.op = sendbuff, recvbuff, op
         self.esize = sendbuff.dtype.itemsize
         self._checked_prev = False
-        # Tracing (None when off): the algorithm notes which loop and chunk each call works on.
-        self.tracer = getattr(kernel, "tracer", None)
-        self.loop = self.chunk = 0
-        self.prim = ""
+        self.tracer = kernel.tracer  # None unless NCCLLAB_TRACE
         if recv is not None:
             self.recv_step = recv.step
         if send is not None:
             self.send_step = send.step
 
-    # --- the names NCCL's algorithms use ---
+    # --- the names NCCL's algorithms use (one generic_op each; the traced path only when tracing) ---
     def send(self, inp: int, nelem: int):
-        return self._call("send", inp, None, nelem, False, True, False)
+        self.prim = "send"
+        if self.tracer is None:
+            return self.generic_op(inp, None, nelem, False, True, False)
+        return self._traced(inp, None, nelem, False, True, False)
 
     def copy_send(self, inp: int, out: int, nelem: int):
-        return self._call("copy_send", inp, out, nelem, False, True, False)
+        self.prim = "copy_send"
+        if self.tracer is None:
+            return self.generic_op(inp, out, nelem, False, True, False)
+        return self._traced(inp, out, nelem, False, True, False)
 
     def recv(self, out: int, nelem: int):
-        return self._call("recv", None, out, nelem, True, False, False)
+        self.prim = "recv"
+        if self.tracer is None:
+            return self.generic_op(None, out, nelem, True, False, False)
+        return self._traced(None, out, nelem, True, False, False)
 
     def recv_reduce_send(self, inp: int, nelem: int):
-        return self._call("recv_reduce_send", inp, None, nelem, True, True, False)
+        self.prim = "recv_reduce_send"
+        if self.tracer is None:
+            return self.generic_op(inp, None, nelem, True, True, False)
+        return self._traced(inp, None, nelem, True, True, False)
 
     def recv_reduce_copy(self, inp: int, out: int, nelem: int, post_op: bool = False):
-        return self._call("recv_reduce_copy", inp, out, nelem, True, False, post_op)
+        self.prim = "recv_reduce_copy"
+        if self.tracer is None:
+            return self.generic_op(inp, out, nelem, True, False, post_op)
+        return self._traced(inp, out, nelem, True, False, post_op)
 
     def recv_reduce_copy_send(self, inp: int, out: int, nelem: int, post_op: bool = False):
-        return self._call("recv_reduce_copy_send", inp, out, nelem, True, True, post_op)
+        self.prim = "recv_reduce_copy_send"
+        if self.tracer is None:
+            return self.generic_op(inp, out, nelem, True, True, post_op)
+        return self._traced(inp, out, nelem, True, True, post_op)
 
     def recv_copy_send(self, out: int, nelem: int):
-        return self._call("recv_copy_send", None, out, nelem, True, True, False)
+        self.prim = "recv_copy_send"
+        if self.tracer is None:
+            return self.generic_op(None, out, nelem, True, True, False)
+        return self._traced(None, out, nelem, True, True, False)
 
-    def _call(self, name, src_ix, dst_ix, nelem, recv, send, post_op):
-        self.prim = name
-        gen = self.generic_op(src_ix, dst_ix, nelem, recv=recv, send=send, post_op=post_op)
-        return gen if self.tracer is None else self._traced(gen, src_ix, dst_ix, nelem, recv, send)
-
-    def _traced(self, gen, src_ix, dst_ix, nelem, recv, send):
-        t0 = now()
-        yield from gen
+    def _traced(self, src_ix, dst_ix, nelem, recv, send, post_op):
+        t0 = self.t_mark = now()
+        if self.locate is not None:
+            self.loop, self.chunk = self.locate(self.prim, src_ix, dst_ix)
+        yield from self.generic_op(src_ix, dst_ix, nelem, recv, send, post_op)
         offset = src_ix if src_ix is not None else dst_ix
         self.tracer.add("prim", self.kernel.op_count, self.channel, self.prim, self.peer(recv, send)[0],
                         self.peer(recv, send)[1], self.loop, self.chunk, offset, max(nelem, 0), t0, now())
@@ -79,11 +100,14 @@ class Primitives:
     def peer(self, recv: bool, send: bool) -> tuple[int, int]:
         return (self.recv_conn.peer if recv else -1, self.send_conn.peer if send else -1)
 
-    def trace_step(self, recv, send, slice_ix, step, offset, nelem, nbytes, t0, t_ready) -> None:
-        """One slice (Simple) or step (LL/LL128) of the current primitive call."""
+    def trace_step(self, recv, send, slice_ix, step, offset, nelem, nbytes, t0) -> None:
+        """One slice (Simple) or step (LL/LL128) that began at ``t0``; ``t_mark`` is when its waits ended."""
         rp, sp = self.peer(recv, send)
+        t1 = now()
+        t_ready = self.t_wait if self.t_wait > t0 else t0
         self.tracer.add("step", self.kernel.op_count, self.channel, self.prim, rp, sp, self.loop, self.chunk,
-                        slice_ix, step % NCCL_STEPS, step, offset, nelem, nbytes, t0, t_ready, now())
+                        slice_ix, step % NCCL_STEPS, step, offset, nelem, nbytes, t0, t_ready, t1)
+        self.t_mark = t1
 
     def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool):
         raise NotImplementedError
@@ -101,7 +125,7 @@ class Primitives:
         sconn = self.send_conn
         target = self.send_step + steps
         while int(sconn.head[0]) + NCCL_STEPS < target:
-            self.kernel.waiting(self.channel, "head", sconn.peer, self.send_step, sconn.head, sconn.head_sleep)
+            self.kernel.waiting(self, "head", sconn.peer, self.send_step, sconn.head, sconn.head_sleep)
             yield
 
     def first_recv_done(self) -> None:

@@ -19,8 +19,6 @@ import numpy as np
 
 from collectives.param import NCCL_STEPS, env_int
 
-from tracing.events import now
-
 from . import ll_kernels as K
 from .primitives import Primitives, div_up
 from .reduce_copy import reduce_copy
@@ -64,8 +62,7 @@ class PrimitivesLL(Primitives):
             raise ValueError(f"{self.proto} call of {nbytes} B exceeds one step ({self.max_data_bytes()} B)")
         dtype = self.input.dtype
         tracing = self.tracer is not None
-        if tracing:
-            t0, step = now(), (self.recv_step if recv else self.send_step)
+        step = self.recv_step if recv else self.send_step
         if send:
             yield from self.wait_send_credit(1)
         srcs, dsts = [], []
@@ -78,8 +75,6 @@ class PrimitivesLL(Primitives):
             srcs.append(self.rbytes[:nbytes].view(dtype))
         if dst_ix is not None:
             dsts.append(self.output[dst_ix:dst_ix + nelem])
-        if tracing:
-            t_ready = now()
         if send:
             nwords = self.padded_words(nbytes)
             if nwords:
@@ -97,7 +92,7 @@ class PrimitivesLL(Primitives):
         self.kernel.progress += 1
         if tracing:
             base = src_ix if src_ix is not None else dst_ix
-            self.trace_step(recv, send, 0, step, base or 0, nelem, nbytes, t0, t_ready)
+            self.trace_step(recv, send, 0, step, base or 0, nelem, nbytes, self.t_mark)
 
     # --- LL specifics (LL128 overrides these) ---
     def padded_words(self, nbytes: int) -> int:
@@ -112,7 +107,7 @@ class PrimitivesLL(Primitives):
             done = K.ll_poll_unpack(words, self.rbuf, done, nlines, flag)
             if done == nlines:
                 return
-            self.kernel.waiting(self.channel, "LL flag", conn.peer, self.recv_step, conn.doorbell, conn.tail_sleep)
+            self.kernel.waiting(self, "LL flag", conn.peer, self.recv_step, conn.doorbell, conn.tail_sleep)
             yield
 
     def store(self, nbytes: int) -> None:

@@ -44,8 +44,7 @@ class PrimitivesLL128(PrimitivesLL):
                 unpacked = full
             if unpacked == nslices:
                 return
-            self.kernel.waiting(self.channel, "LL128 flag", conn.peer, self.recv_step, conn.doorbell,
-                                conn.tail_sleep)
+            self.kernel.waiting(self, "LL128 flag", conn.peer, self.recv_step, conn.doorbell, conn.tail_sleep)
             yield
 
     def store(self, nbytes: int) -> None:

@@ -16,8 +16,6 @@ at once by writing ``head``.
 """
 from __future__ import annotations
 
-from tracing.events import now
-
 from .primitives import Primitives, div_up
 from .reduce_copy import reduce_copy
 
@@ -48,18 +46,15 @@ class PrimitivesSimple(Primitives):
         tracing = self.tracer is not None
         for slice_ix in range(spc):
             real = max(0, min(slice_size, nelem - offset))
-            if tracing:
-                t0, step = now(), (self.recv_step if recv else self.send_step)
+            step = self.recv_step if recv else self.send_step
             if recv:
                 target = self.recv_step + sps
                 while int(rconn.tail[0]) < target:
-                    kernel.waiting(self.channel, "tail", rconn.peer, self.recv_step, rconn.tail, rconn.tail_sleep)
+                    kernel.waiting(self, "tail", rconn.peer, self.recv_step, rconn.tail, rconn.tail_sleep)
                     yield
                 self.first_recv_done()
             if send:
                 yield from self.wait_send_credit(sps)
-            if tracing:
-                t_ready = now()
             if real:
                 nbytes = real * esize
                 srcs, dsts = [], []
@@ -81,5 +76,5 @@ class PrimitivesSimple(Primitives):
             kernel.progress += 1
             if tracing:
                 base = src_ix if src_ix is not None else dst_ix
-                self.trace_step(recv, send, slice_ix, step, (base or 0) + offset, real, real * esize, t0, t_ready)
+                self.trace_step(recv, send, slice_ix, step, (base or 0) + offset, real, real * esize, self.t_mark)
             offset += slice_size

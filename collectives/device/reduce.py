@@ -12,7 +12,6 @@ def run_ring(prims, ring, work, nranks: int, root: int):
     while elem_offset < work.part_count:
         offset = work.part_offset + elem_offset
         nelem = min(work.chunk_count, work.part_count - elem_offset)
-        prims.loop = prims.chunk = elem_offset // work.chunk_count
         if prev_rank == root:
             yield from prims.send(offset, nelem)
         elif rank == root:
@@ -20,3 +19,9 @@ def run_ring(prims, ring, work, nranks: int, root: int):
         else:
             yield from prims.recv_reduce_send(offset, nelem)
         elem_offset += work.chunk_count
+
+
+def locate(work, nranks: int, esize: int, prim: str, src_ix, dst_ix) -> tuple[int, int]:
+    """(loop, chunk): a pipeline moves chunk i in loop i; trace only."""
+    i = ((src_ix if src_ix is not None else dst_ix) - work.part_offset) // work.chunk_count
+    return i, i

@@ -13,12 +13,15 @@ def run_ring(prims, ring, work, nranks: int):
     while elem_offset < work.part_count:
         nelem = min(work.chunk_count, work.part_count - elem_offset)
         data_offset = work.part_offset + elem_offset
-        prims.loop = elem_offset // work.chunk_count
-        prims.chunk = ranks[nranks - 1]  # chunk = whose block (for the trace)
         yield from prims.send(data_offset + ranks[nranks - 1] * count, nelem)
         for j in range(2, nranks):
-            prims.chunk = ranks[nranks - j]
             yield from prims.recv_reduce_send(data_offset + ranks[nranks - j] * count, nelem)
-        prims.chunk = ranks[0]
         yield from prims.recv_reduce_copy(data_offset + ranks[0] * count, data_offset, nelem, post_op=True)
         elem_offset += work.chunk_count
+
+
+def locate(work, nranks: int, esize: int, prim: str, src_ix, dst_ix) -> tuple[int, int]:
+    """(loop, chunk = whose block) of a call from its input offset ``dataOffset + rank * count``; trace only."""
+    r = (src_ix if src_ix is not None else dst_ix) - work.part_offset
+    block, within = divmod(r, work.count) if work.count else (0, r)
+    return within // work.chunk_count, block

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The README's main job, after ./lab has built the environment: NCCL's ring allreduce on 8 ranks under mpirun,
+# then, into one folder (default nccllab-out/): the nccl-tests table and JSON, a traced run with its Perfetto
+# file and chunk CSV, the four diagrams, MPI's curve, NCCL's cost-model curve and the plot of all of them.
+set -euo pipefail
+OUT=${NCCLLAB_OUT:-nccllab-out}
+N=${NRANKS:-8}
+rm -rf "$OUT" && mkdir -p "$OUT"
+FIXTURES=../shared/fixtures
+
+echo "== mpirun -n $N python -m collectives.ring $*"
+mpirun -n "$N" python -m collectives.ring -b 8 -e 64M -f 2 -w 2 -n 10 --json "$OUT/ring.json" "$@" | tee "$OUT/ring.txt"
+
+echo "== traced run (NCCLLAB_TRACE=$OUT/trace, NCCL_DEBUG=INFO)"
+NCCLLAB_TRACE="$OUT/trace" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING NCCL_DEBUG_FILE="$OUT/nccl-debug.%p.log" \
+  mpirun -n "$N" python -m collectives.ring -b 1M -e 1M -n 1 -w 0 -c 1 >/dev/null
+cat "$OUT"/nccl-debug.*.log > "$OUT/nccl-debug.log" && rm -f "$OUT"/nccl-debug.*.log
+python -m tracing perfetto "$OUT/trace" -o "$OUT/trace.perfetto.json"
+python -m tracing csv "$OUT/trace" -o "$OUT/chunks.csv"
+
+echo "== diagrams"
+python -m visualize topology "$OUT/trace" -o "$OUT/a-topology"
+python -m visualize trees "$OUT/trace" -o "$OUT/b-trees"
+python -m visualize flow "$OUT/trace" -o "$OUT/c-chunk-flow"
+LOG="$OUT/nccl-debug.log"
+REAL="$FIXTURES/nccl_logs/trainingoneks_1x4_a100_p4d.log"
+[ -f "$REAL" ] && LOG="$REAL"
+python -m visualize log "$LOG" -o "$OUT/d-from-log"
+
+echo "== curves: ours, MPI (same machine, same run), NCCL's cost model for this CPU"
+mpirun -n "$N" python benchmarks/allreduce_vs_mpi.py -b 8 -e 64M -f 4 --json "$OUT/mpi.json" | tee "$OUT/mpi.txt"
+python -m collectives.tune --preset cpu --gpus "$N" -b 8 -e 64M -f 2 --series "$OUT/model-cpu.json" >/dev/null
+INPUTS=("$OUT/ring.json" "$OUT/mpi.json" "$OUT/model-cpu.json")
+python -m visualize curves "${INPUTS[@]}" -o "$OUT/curve.png" --title "AllReduce, $N ranks on this machine"
+REAL_TESTS="$FIXTURES/nccl_tests/a3mega_2x8_h100_allreduce.txt"
+if [ -f "$REAL_TESTS" ]; then
+  python -m collectives.tune --preset dgx-h100 --nodes 2 -b 8 -e 8G -f 2 --series "$OUT/model-h100x2.json" >/dev/null
+  python -m visualize curves "$REAL_TESTS" "$OUT/model-h100x2.json" -o "$OUT/curve-real-nccl.png" \
+    --title "real NCCL (2x8 H100) against NCCL's cost model"
+fi
+echo "== outputs in $OUT/"
+ls "$OUT"

@@ -1,0 +1,64 @@
+"""Bandwidth against message size (matplotlib, log axes): algbw and busbw of any mix of
+* our runs (``python -m collectives.ring --json``: records with size, algbw, busbw, placement);
+* real NCCL ``all_reduce_perf`` output as nccl-tests prints it (either row format, several tables per file);
+* series files ``{"label": ..., "points": [{"size", "busbw", "algbw"?}]}``: MPI baselines from
+  ``benchmarks/allreduce_vs_mpi.py --json`` and the cost model's prediction from ``collectives.tune --series``.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from . import nccl_tests  # noqa: E402
+
+
+def load_series(path: str) -> list[dict]:
+    """Every series in ``path``: [{'label', 'size': [...], 'algbw': [...|None], 'busbw': [...]}]."""
+    text = open(path).read()
+    name = os.path.basename(path)
+    stripped = text.lstrip()
+    if stripped.startswith("{") or stripped.startswith("["):
+        doc = json.loads(text)
+        if isinstance(doc, dict):
+            doc = [doc]
+        if doc and "points" in doc[0]:  # series files (MPI baseline, cost model)
+            return [{"label": d.get("label", name), "size": [p["size"] for p in d["points"]],
+                     "algbw": [p.get("algbw") for p in d["points"]], "busbw": [p["busbw"] for p in d["points"]]}
+                    for d in doc]
+        rows = [r for r in doc if r.get("placement", "out-of-place") == "out-of-place"]  # runner records
+        label = f"nccl-lab {rows[0].get('coll', '')} n={rows[0]['nranks']}".replace("  ", " ")
+        return [{"label": label, "size": [r["size"] for r in rows], "algbw": [r["algbw"] for r in rows],
+                 "busbw": [r["busbw"] for r in rows]}]
+    tables = nccl_tests.parse(text)
+    if not tables:
+        raise ValueError(f"{path}: neither JSON rows/series nor nccl-tests output")
+    return [{"label": f"NCCL: {name}" + (f" #{i + 1}" if len(tables) > 1 else ""),
+             "size": [r.size for r in t.rows], "algbw": [r.out_of_place["algbw"] for r in t.rows],
+             "busbw": [r.out_of_place["busbw"] for r in t.rows]} for i, t in enumerate(tables)]
+
+
+def plot(inputs: list[str], out: str, title: str = "") -> str:
+    series = [s for path in inputs for s in load_series(path)]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, key in zip(axes, ("algbw", "busbw")):
+        for s in series:
+            pts = [(x, y) for x, y in zip(s["size"], s[key]) if y is not None and y > 0 and x > 0]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=s["label"])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel(f"{key} (GB/s)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[1].legend(fontsize=8)
+    fig.suptitle(title or "bandwidth against message size")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
