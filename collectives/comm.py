@@ -21,9 +21,10 @@ from tracing.events import from_env as tracer_from_env
 from tracing.events import now
 from tracing.hang import report_dir, write_report
 from transports import shm
+from transports import net
 from transports.connector import Connector
 
-from . import enqueue, sockets
+from . import enqueue, sockets, transport
 from .bootstrap import Bootstrap, UniqueId
 from .device import all_gather, all_reduce, broadcast, reduce, reduce_scatter
 from .device.common import CollectiveError, Kernel
@@ -77,6 +78,9 @@ class Communicator:
         self.bootstrap = Bootstrap(unique_id, rank, nranks)
         self._status_pages: dict[int, StatusPage] = {}
         self._shm: shm.ShmSetup | None = None
+        self.proxy = None
+        self.net_connections: list = []
+        self.net_plugin = None
         try:
             self._init_transports(unique_id, rings, nchannels, protocols)
         except BaseException:
@@ -124,7 +128,8 @@ class Communicator:
         self.oversubscribed = len(self.local_ranks) > len(os.sched_getaffinity(0))
         self._plans: dict[tuple, enqueue.Plan] = {}
         debug.set_device(self.local_rank)
-        orders = ring_orders(self.nranks, base, self.peer_info[0]["rings"])
+        orders = ring_orders(self.nranks, base, self.peer_info[0]["rings"],
+                             node_of=[node_of_hash[h] for h in hosts])
         self.channels = [Channel(c, setup_ring(orders[c % base], self.rank)) for c in range(self.nchannels)]
         self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes,
                                              nthreads=env_int("NCCL_NTHREADS", 512))
@@ -162,31 +167,8 @@ class Communicator:
             self._status.seg.unlink()
 
     def _connect_rings(self) -> None:
-        """``ncclTransportRingConnect``: recv from prev, send to next, on every channel (connIndex 0)."""
-        me = self.peer_info[self.rank]
-        for ch in self.channels:
-            for peer in (ch.ring.prev, ch.ring.next):
-                if not shm.can_connect(me, self.peer_info[peer]):
-                    raise CollectiveError(
-                        f"rank {self.rank}: no transport to rank {peer} (other host, or NCCL_SHM_DISABLE=1); "
-                        f"this version has SHM only, the NET transport comes next")
-        self._shm = shm.ShmSetup(self.tag, self.rank, self.buff_sizes)
-        blobs = {}
-        for ch in self.channels:
-            blobs[("recv", ch.id)] = self._shm.recv_setup(ch.id, ch.ring.prev)
-            blobs[("send", ch.id)] = self._shm.send_setup(ch.id, ch.ring.next)
-        all_blobs = self.bootstrap.allgather_obj(blobs)
-        try:
-            for ch in self.channels:
-                prev, nxt = ch.ring.prev, ch.ring.next
-                ch.recv = self._shm.recv_connect(blobs[("recv", ch.id)], all_blobs[prev][("send", ch.id)], prev)
-                ch.send = self._shm.send_connect(blobs[("send", ch.id)], all_blobs[nxt][("recv", ch.id)], nxt)
-                for conn, a, b, d in ((ch.send, self.rank, nxt, "send"), (ch.recv, prev, self.rank, "receive")):
-                    debug.info("SHM", f"Channel {ch.id:02d} : {a}[{a}] -> {b}[{b}] [{d}] via SHM/direct/direct")
-            self.bootstrap.barrier()  # every peer has mapped our segments
-        finally:
-            self._shm.unlink_all()
-        debug.info("INIT", "Connected all rings, use ring PXN 0 GDR 0")
+        """``ncclTransportRingConnect`` through ``collectives.transport`` (SHM or NET per peer)."""
+        transport.connect_rings(self)
 
     def describe(self) -> dict:
         """The communicator as the trace and the diagrams see it: ranks, nodes, rings and transports."""
@@ -208,6 +190,20 @@ class Communicator:
         return {"rank": self.rank, "nranks": self.nranks, "pid": os.getpid(), "func": kernel.func,
                 "op_count": kernel.op_count, "waits": waits, "error": error, "last_events": last}
 
+    def _close_net(self) -> None:
+        """Let the proxy finish what the last collective posted (within the deadline), then close."""
+        if self.proxy is not None:
+            import time
+            from .param import timeout_s
+            end = time.monotonic() + timeout_s()
+            while not self.proxy.idle() and not self.proxy.error and time.monotonic() < end:
+                time.sleep(0.001)
+            self.proxy.stop()
+            self.proxy = None
+        for nc in self.net_connections:
+            (nc.plugin.close_send if nc.conn.is_send else nc.plugin.close_recv)(nc.comm)
+        self.net_connections = []
+
     def _flush_trace(self) -> None:
         if getattr(self, "tracer", None) is not None:
             self.tracer.flush()
@@ -221,6 +217,9 @@ class Communicator:
 
     # ------------------------------------------------------------------ health (called while a kernel spins)
     def _health(self, kernel: Kernel) -> None:
+        if self.proxy is not None and self.proxy.error:
+            raise CollectiveError(f"rank {self.rank}: {self.proxy.error}; during {kernel.func}: "
+                                  f"{kernel.describe_wait()}")
         for r, page in self._status_pages.items():
             if r == self.rank:
                 continue
@@ -309,6 +308,8 @@ class Communicator:
         spc = enqueue.CHUNKSTEPS[func] // enqueue.SLICESTEPS[func]
         sps = enqueue.SLICESTEPS[func]
         works = []
+        if self.proxy is not None:
+            self.proxy.post(self._proxy_ops(func, plan, root))
         for w in plan.works:
             ch = self.channels[w.channel]
             if proto == "Simple":
@@ -365,6 +366,21 @@ class Communicator:
         self._launch("Reduce", send, out, send.size, op, root)
         return out
 
+    def _proxy_ops(self, func: str, plan: enqueue.Plan, root: int) -> list:
+        """``ncclProxySaveOp``: for each NET connector this collective uses, how many steps it moves."""
+        ops = []
+        simple = plan.proto == "Simple"
+        sps = enqueue.SLICESTEPS[func] if simple else 1
+        chunk_steps = enqueue.CHUNKSTEPS[func] if simple else 1
+        for w in plan.works:
+            ch = self.channels[w.channel]
+            sends, recvs = enqueue.ring_calls(func, self.nranks, w, ch.ring.user_ranks, root)
+            for conn, calls in ((ch.send, sends), (ch.recv, recvs)):
+                if conn is not None and conn.conn_fifo is not None and calls:
+                    nc = next(n for n in self.net_connections if n.conn is conn)
+                    ops.append(net.ProxyOp(nc, plan.proto, calls * chunk_steps, sps, chunk_steps))
+        return ops
+
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
         """How ``func`` of ``count`` elements would run: protocol, channels, parts, chunks (no data moves)."""
         key = (func, count, np.dtype(dtype).itemsize)
@@ -379,9 +395,9 @@ class Communicator:
             plan = self._plans[key] = enqueue.schedule_coll(self.tuning, func, count, key[2], algo, proto)
         return plan
 
-    def reference_config(self, func: str) -> dict:
-        """What ``collectives.reference`` needs to reproduce ``func`` on this communicator."""
-        proto = self.plan(func, 1, np.float32).proto
+    def reference_config(self, func: str, count: int, dtype) -> dict:
+        """What ``collectives.reference`` needs to reproduce this call (the protocol depends on its size)."""
+        proto = self.plan(func, count, dtype).proto
         return {"rings": self.rings, "nchannels": self.nchannels, "proto": proto, "buffsize": self.buff_sizes[proto]}
 
     @property
@@ -409,6 +425,7 @@ class Communicator:
                     if r != self.rank and page.aborted:
                         raise CollectiveError(f"rank {self.rank}: rank {r} aborted: {page.message}")
         finally:
+            self._close_net()
             self._release_segments()
             self.bootstrap.close()
             for ch in self.channels:
@@ -422,6 +439,7 @@ class Communicator:
             self.destroy()
         else:
             self._destroyed = True
+            self._close_net()
             self._release_segments()
             self.bootstrap.close()
 

@@ -163,3 +163,20 @@ def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "
         works.append(ChannelWork(channel_id + c, offset, part, chunk_count, count))
         offset += part
     return Plan(func, algo, proto, elt_size, count, n_max_ch, n_warps, tuple(works))
+
+
+def ring_calls(func: str, nranks: int, work: ChannelWork, user_ranks, root: int) -> tuple[int, int]:
+    """(send calls, receive calls) one rank makes on one channel: what a proxy op must carry (``ncclProxySaveOp``
+    with ``ncclPatternRing``/``RingTwice``/``PipelineFrom``/``PipelineTo``)."""
+    if work.part_count == 0:
+        return 0, 0
+    if func == "AllReduce":
+        loops = div_up(work.part_count, nranks * work.chunk_count)
+        return 2 * (nranks - 1) * loops, 2 * (nranks - 1) * loops
+    loops = div_up(work.part_count, work.chunk_count)
+    if func in ("AllGather", "ReduceScatter"):
+        return (nranks - 1) * loops, (nranks - 1) * loops
+    me, nxt, prev = user_ranks[0], user_ranks[1 % nranks], user_ranks[nranks - 1]
+    if func == "Broadcast":
+        return (0 if nxt == root else loops), (0 if me == root else loops)
+    return (0 if me == root else loops), (0 if prev == root else loops)  # Reduce

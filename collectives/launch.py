@@ -64,15 +64,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(nranks: int, argv: list[str], env: dict | None = None) -> int:
-    """Run ``python argv...`` as ``nranks`` local ranks; return the first non-zero exit code (or 0)."""
+def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1) -> int:
+    """Run ``python argv...`` as ``nranks`` local ranks; return the first non-zero exit code (or 0).  With
+    ``nodes > 1`` the ranks are split into that many contiguous blocks, each with its own ``NCCL_HOSTID``, so one
+    machine plays several nodes (NET between them, SHM inside)."""
     magic = secrets.randbits(48) | 1
     base = dict(os.environ if env is None else env)
     base.update(NCCL_COMM_ID=f"127.0.0.1:{_free_port()}", NCCLLAB_NRANKS=str(nranks),
                 NCCLLAB_COMM_MAGIC=hex(magic))
     procs = []
     for r in range(nranks):
-        procs.append(subprocess.Popen([sys.executable, *argv], env={**base, "NCCLLAB_RANK": str(r)}))
+        extra = {"NCCL_HOSTID": f"nccllab-node{r * nodes // nranks}"} if nodes > 1 else {}
+        procs.append(subprocess.Popen([sys.executable, *argv], env={**base, "NCCLLAB_RANK": str(r), **extra}))
     rc, first_failure = 0, None
     grace = timeout_s() + 10.0
     try:

@@ -162,7 +162,7 @@ class Runner:
         _poison(out)
         send[...] = np.asarray(inputs[r])
         result = self._call(send, out)
-        kw = comm.reference_config(self.func)
+        kw = comm.reference_config(self.func, param, self.dtype)
         if self.func == "AllReduce":
             expect = reference.all_reduce(inputs, self.op, **kw)
         elif self.func == "AllGather":
@@ -259,9 +259,11 @@ def main(module: str, argv: Sequence[str] | None = None) -> int:
     add_arguments(p)
     p.add_argument("-g", "--ngpus", "--nranks", "-np", dest="nranks", type=int, default=8,
                    help="ranks to start when not under mpirun (nccl-tests' -g: GPUs driven by this command)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="without mpirun: split the ranks into this many nodes (per-rank NCCL_HOSTID)")
     args = p.parse_args(argv)
     if not launched():
-        return spawn(args.nranks, ["-m", module, *argv])
+        return spawn(args.nranks, ["-m", module, *argv], nodes=args.nodes)
     with Communicator() as comm:
         runner = Runner(comm, args)
         records = runner.run()

@@ -48,7 +48,7 @@ def check_all(comm, seed: int, dtype: str, count: int, colls: list[str], op: str
     funcs = {"allreduce": "AllReduce", "reducescatter": "ReduceScatter", "allgather": "AllGather",
              "broadcast": "Broadcast", "reduce": "Reduce"}
     for coll in colls:
-        kw = comm.reference_config(funcs[coll])
+        kw = comm.reference_config(funcs[coll], count, dt)
         for in_place in (False, True):
             tag = f"{coll} {dtype} count={count} n={n} ch={comm.nchannels} rings={comm.rings} in_place={in_place}"
             if coll == "allreduce":
@@ -232,4 +232,8 @@ def auto_choice(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    # NCCL_SHM_DISABLE=1 on one emulated node only (the test names it), set before any communicator exists.
+    node = os.environ.get("NCCLLAB_TEST_SHM_DISABLE_NODE")
+    if node is not None and os.environ.get("NCCL_HOSTID") == f"nccllab-node{node}":
+        os.environ["NCCL_SHM_DISABLE"] = "1"
     globals()[sys.argv[1]](sys.argv[2:])

@@ -111,9 +111,13 @@ class PrimitivesLL(Primitives):
             yield
 
     def store(self, nbytes: int) -> None:
-        """``storeLL`` of every line, then the cleanup of ``incSend`` on clean-mask steps."""
+        """``storeLL`` of every line, then the cleanup of ``incSend`` on clean-mask steps.  A proxied connection
+        learns the size from ``connFifo`` (the whole step on a clean step) and waits for the lines' flags."""
         conn, nlines = self.send_conn, div_up(nbytes, 8)
         words, flag = self.slot_words(conn, self.send_step), ll_flag(self.send_step)
+        clean = (self.send_step & LL_CLEAN_MASK) == LL_CLEAN_MASK
+        if conn.conn_fifo is not None:
+            conn.conn_fifo[self.send_step % NCCL_STEPS] = self.step_bytes if clean else nlines * 16
         K.ll_pack(words, self.sbuf, nlines, flag)
-        if (self.send_step & LL_CLEAN_MASK) == LL_CLEAN_MASK:
+        if clean:
             K.ll_fill(words, nlines, self.step_bytes // 16, flag)

@@ -49,6 +49,11 @@ class PrimitivesLL128(PrimitivesLL):
 
     def store(self, nbytes: int) -> None:
         nslices = div_up(nbytes, SLICE_DATA)
-        wire = self.slot_words(self.send_conn, self.send_step)
+        conn = self.send_conn
+        wire = self.slot_words(conn, self.send_step)
+        if conn.conn_fifo is not None:
+            conn.conn_fifo[self.send_step % 8] = nslices * 2048
         K.ll128_pack(wire, self.sbuf, nslices, K.LL128_PERM)
         K.ll128_set_flags(wire, nslices * 16, np.uint64(self.send_step + 1))
+        if conn.conn_fifo is not None:  # proxied: also publish tail (NCCL: fence, then tail += 1)
+            conn.tail[0] = self.send_step + 1

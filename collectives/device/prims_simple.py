@@ -55,6 +55,8 @@ class PrimitivesSimple(Primitives):
                 self.first_recv_done()
             if send:
                 yield from self.wait_send_credit(sps)
+                if sconn.conn_fifo is not None:  # a proxy sends this slice: tell it the size
+                    sconn.conn_fifo[self.send_step % 8] = real * esize
             if real:
                 nbytes = real * esize
                 srcs, dsts = [], []

@@ -39,13 +39,16 @@ def validate_ring(ring: list[int], nranks: int) -> None:
         raise ValueError(f"ring {ring} is not a permutation of ranks 0..{nranks - 1}")
 
 
-def ring_orders(nranks: int, nchannels: int, rings: list[list[int]] | None = None) -> list[list[int]]:
-    """The ring of every channel: explicit ones (API, then NCCLLAB_RINGS), else rank order."""
+def ring_orders(nranks: int, nchannels: int, rings: list[list[int]] | None = None,
+                node_of: list[int] | None = None) -> list[list[int]]:
+    """The ring of every channel: explicit ones (API, then NCCLLAB_RINGS), else each node's ranks in order, node
+    after node (``connectRings`` links node n's last rank to node n+1's first)."""
     if rings is None:
         text = env_str("NCCLLAB_RINGS")
         rings = parse_rings(text, nranks) if text else None
     if not rings:
-        rings = [list(range(nranks))]
+        nodes = node_of or [0] * nranks
+        rings = [sorted(range(nranks), key=lambda r: (nodes[r], r))]
     for r in rings:
         validate_ring(list(r), nranks)
     return [list(rings[c % len(rings)]) for c in range(nchannels)]

@@ -1,0 +1,155 @@
+"""The NET transport over the socket plugin: bitwise results across emulated nodes, the plugin's semantics,
+failures, and the network-namespace script."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, run_ranks
+from transports.net_plugin import NetError
+from transports.net_socket import SocketNet
+
+ALL = json.dumps(["allreduce", "reducescatter", "allgather", "broadcast", "reduce"])
+
+
+@pytest.mark.parametrize("proto", ["Simple", "LL", "LL128"])
+def test_two_nodes_of_two_bitwise(proto):
+    run_ranks(4, "bitwise", "1", "", json.dumps([0, 1, 7, 1023, 70_001]), json.dumps(["float32", "bfloat16"]),
+              ALL, env={"NCCL_PROTO": proto, "NCCLLAB_TIMEOUT": "60"}, nodes=2)
+
+
+def test_two_nodes_of_four_bitwise_two_channels():
+    run_ranks(8, "bitwise", "2", "", json.dumps([3, 300_007]), json.dumps(["float32", "float16"]), ALL,
+              env={"NCCLLAB_TIMEOUT": "90"}, nodes=2, timeout=400)
+
+
+@pytest.mark.parametrize("proto", ["Simple", "LL"])
+def test_shm_disabled_on_one_node(proto):
+    run_ranks(4, "bitwise", "1", "", json.dumps([5, 65_537]), json.dumps(["float32"]), ALL,
+              env={"NCCL_PROTO": proto, "NCCLLAB_TEST_SHM_DISABLE_NODE": "1", "NCCL_DEBUG": "INFO",
+                   "NCCL_DEBUG_SUBSYS": "NET,SHM"}, nodes=2)
+
+
+def test_transport_log_lines():
+    proc = run_ranks(4, "bitwise", "1", "", "[7]", '["float32"]', json.dumps(["allreduce"]),
+                     env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,SHM"}, nodes=2)
+    out = proc.stdout
+    assert "Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0" in out
+    assert "Channel 00/0 : 1[1] -> 2[0] [receive] via NET/Socket/0" in out
+    assert "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct" in out
+    assert "nNodes 2 localRanks 2" in out
+
+
+# --- the plugin itself, in one process over loopback ---------------------------------------------------------
+
+@pytest.fixture(params=[(0, 0), (2, 2)], ids=["control-socket", "2-threads-x-2-sockets"])
+def pair(request, monkeypatch):
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("NCCL_SOCKET_NTHREADS", str(request.param[0]))
+    monkeypatch.setenv("NCCL_NSOCKS_PERTHREAD", str(request.param[1]))
+    net = SocketNet()
+    net.init()
+    handle, lc = net.listen(0)
+    deadline = time.monotonic() + 10
+    send = net.connect(0, handle, deadline)
+    recv = net.accept(lc, deadline)
+    yield net, send, recv
+    net.close_send(send)
+    net.close_recv(recv)
+    net.close_listen(lc)
+
+
+def wait(net, req, limit=10.0):
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        done, size = net.test(req)
+        if done:
+            return size
+    raise AssertionError("request never completed")
+
+
+def test_isend_irecv_test_and_sizes(pair):
+    net, send, recv = pair
+    for size in (0, 1, 128, 129, 100_000, 3 << 20):
+        data = np.random.default_rng(size).integers(0, 255, size, dtype=np.uint8)
+        out = np.zeros(size + 64, np.uint8)
+        r = net.irecv(recv, [memoryview(out)], [len(out)], [0], [None])
+        s = net.isend(send, memoryview(data), size, 0, None)
+        assert wait(net, s) == size and wait(net, r) == size
+        assert np.array_equal(out[:size], data) and not out[size:].any()
+
+
+def test_many_outstanding_requests_complete_in_order(pair):
+    net, send, recv = pair
+    bufs = [np.full(50_000 + i, i, np.uint8) for i in range(20)]
+    outs = [np.zeros(60_000, np.uint8) for _ in range(20)]
+    rs = [net.irecv(recv, [memoryview(o)], [len(o)], [0], [None]) for o in outs]
+    ss = [net.isend(send, memoryview(b), len(b), 0, None) for b in bufs]
+    assert all(x is not None for x in rs + ss)
+    end, done = time.monotonic() + 20, {}
+    while len(done) < 40 and time.monotonic() < end:  # like the proxy: keep testing every request
+        for i, q in enumerate(rs + ss):
+            if i not in done:
+                ok, size = net.test(q)
+                if ok:
+                    done[i] = size
+    sizes = [done.get(i) for i in range(20)]
+    assert sizes == [50_000 + i for i in range(20)]
+    assert all((o[:50_000 + i] == i).all() for i, o in enumerate(outs))
+
+
+def test_truncation_is_an_error(pair):
+    net, send, recv = pair
+    r = net.irecv(recv, [memoryview(np.zeros(100, np.uint8))], [100], [0], [None])
+    s = net.isend(send, memoryview(np.ones(200, np.uint8)), 200, 0, None)
+    net.test(s)  # puts the header on the wire
+    with pytest.raises(NetError, match="message truncated"):
+        wait(net, r)
+
+
+def test_corrupt_header_is_rejected(pair):
+    net, send, recv = pair
+    r = net.irecv(recv, [memoryview(np.zeros(100, np.uint8))], [100], [0], [None])
+    send.ctrl.setblocking(True)
+    send.ctrl.sendall((0xFFFFFFF0).to_bytes(4, "little"))
+    with pytest.raises(NetError, match="corrupt size header"):
+        wait(net, r)
+
+
+def test_closed_socket_mid_transfer_is_an_error(pair):
+    net, send, recv = pair
+    r = net.irecv(recv, [memoryview(np.zeros(1 << 20, np.uint8))], [1 << 20], [0], [None])
+    send.ctrl.setblocking(True)
+    send.ctrl.sendall((1 << 20).to_bytes(4, "little") + b"x" * 1000)
+    send.close()  # the peer goes away: all its sockets close
+    with pytest.raises(NetError, match="closed|reset"):
+        wait(net, r)
+
+
+# --- failures across processes --------------------------------------------------------------------------------
+
+def test_killed_peer_on_another_node_is_named():
+    proc = run_ranks(4, "sigkill", "2", env={"NCCLLAB_TIMEOUT": "20"}, nodes=2, check=False, timeout=120)
+    assert proc.returncode != 0
+    assert "NET connection with rank 2" in proc.stderr or "rank 2 (pid" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_netns_script(tmp_path):
+    script = ROOT / "scripts" / "netns_test.sh"
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        pytest.skip("needs root and iproute2 to create network namespaces")
+    probe = subprocess.run(["ip", "netns", "add", "nccllab-probe"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot create network namespaces here: {probe.stderr.strip()}")
+    subprocess.run(["ip", "netns", "del", "nccllab-probe"], capture_output=True)
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, "NETNS_SIZES": "-b 8 -e 1M -f 32"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Out of bounds values : 0 OK" in proc.stdout and "via NET/Socket/0" in proc.stdout

@@ -1,0 +1,188 @@
+"""The NET transport and its proxy thread (NCCL ``src/transport/net.cc``: ``sendProxyProgress``,
+``recvProxyProgress``; ``src/proxy.cc``: ``ncclProxyProgress``).
+
+Across nodes the "GPU" (the kernel loop) never touches the network.  It fills and drains FIFO slots in *local*
+memory exactly as over SHM, and writes each step's byte size into ``connFifo[slot]``.  A proxy thread per rank
+drives the net plugin:
+
+* send: a slot is ready when ``connFifo[slot] != -1`` and ``tail`` has passed it (Simple), or all its LL lines
+  carry the step's flag, or all its LL128 lines do (host memory, no GDR); then ``isend``; when ``test`` says done,
+  ``connFifo[slot] = -1`` and ``head = base + done`` returns the credit;
+* recv: ``irecv`` into up to NCCL_STEPS slots ahead; when one completes, ``tail = base + transmitted`` lets the
+  kernel consume it (LL/LL128 readers see the flags that arrived in the data); when the kernel's ``head`` passes a
+  slot, it is ``done`` and may be posted again.
+
+Counters are NCCL's (``posted``, ``transmitted``, ``received``, ``done``) in units of ``sliceSteps``, from
+``base = roundUp(conn.step, chunkSteps)``.  One op per (channel, peer, direction) per collective, like
+``ncclProxySaveOp``, with the exact number of steps the kernel will move.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+import threading
+import time
+
+import numpy as np
+
+from collectives.device import futex
+from collectives.param import NCCL_STEPS
+
+from .connector import PROTOS, Connector
+from .net_plugin import NetError
+
+NAME = "NET"
+LL_FLAG_SHIFT = np.uint64(32)
+
+
+def make_connector(peer: int, is_send: bool, buff_sizes: dict, transport: str) -> Connector:
+    """A NET connector: FIFOs, head, tail and connFifo all in this rank's memory (the proxy moves the bytes)."""
+    z32 = lambda: np.zeros(1, np.uint32)  # noqa: E731
+    conn = Connector(peer=peer, is_send=is_send, buffs={p: np.zeros(buff_sizes[p], np.uint8) for p in PROTOS},
+                     head=np.zeros(1, np.uint64), tail=np.zeros(1, np.uint64), head_sleep=z32(), tail_sleep=z32(),
+                     doorbell=z32(), transport=transport)
+    conn.conn_fifo = np.full(NCCL_STEPS, -1, np.int64)
+    return conn
+
+
+class NetConnection:
+    """One proxied connection: its connector and its plugin comm."""
+
+    def __init__(self, plugin, connector: Connector, comm, channel: int):
+        self.plugin, self.conn, self.comm, self.channel = plugin, connector, comm, channel
+        self.views = {p: memoryview(b) for p, b in connector.buffs.items()}
+        self.ops: collections.deque = collections.deque()  # this connection's ops, strictly in order
+
+
+class ProxyOp:
+    def __init__(self, nc: NetConnection, proto: str, nsteps: int, slice_steps: int, chunk_steps: int):
+        self.nc, self.proto, self.nsteps, self.slice_steps = nc, proto, nsteps, slice_steps
+        self.base = -(-nc.conn.step // chunk_steps) * chunk_steps
+        self.posted = self.transmitted = self.received = self.done = 0
+        self.requests: dict = {}
+        self.step_size = len(nc.conn.buffs[proto]) // NCCL_STEPS
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.nsteps
+
+    def _slot(self, step: int, size: int) -> memoryview:
+        start = (step % NCCL_STEPS) * self.step_size
+        return self.nc.views[self.proto][start:start + size]
+
+    def send_progress(self) -> bool:
+        nc, conn, progressed = self.nc, self.nc.conn, False
+        while self.posted < self.nsteps and self.posted < self.done + NCCL_STEPS:
+            self.posted += self.slice_steps
+        if self.transmitted < self.posted:
+            step = self.base + self.transmitted
+            slot = step % NCCL_STEPS
+            size = int(conn.conn_fifo[slot])
+            if size != -1 and self._ready(step, size):
+                req = nc.plugin.isend(nc.comm, self._slot(step, size), size, 0, None)
+                if req is not None:
+                    self.requests[slot] = req
+                    self.transmitted += self.slice_steps
+                    progressed = True
+        if self.done < self.transmitted:
+            slot = (self.base + self.done) % NCCL_STEPS
+            ok, _ = nc.plugin.test(self.requests[slot])
+            if ok:
+                conn.conn_fifo[slot] = -1
+                self.done += self.slice_steps
+                conn.head[0] = self.base + self.done  # credit back to the kernel
+                if conn.head_sleep[0]:
+                    futex.wake(conn.head_addr)
+                progressed = True
+        return progressed
+
+    def _ready(self, step: int, size: int) -> bool:
+        conn = self.nc.conn
+        if self.proto == "Simple":
+            return int(conn.tail[0]) >= step + self.slice_steps
+        words = conn.words[self.proto][step % NCCL_STEPS]
+        if self.proto == "LL":
+            from collectives.device.prims_ll import ll_flag
+            lines = words[:2 * (-(-size // 16))]
+            return bool(np.all((lines >> LL_FLAG_SHIFT) == np.uint64(ll_flag(step))))
+        nlines = size // 128
+        return bool(np.all(words[:nlines * 16].reshape(-1, 16)[:, 15] == np.uint64(step + 1)))
+
+    def recv_progress(self) -> bool:
+        nc, conn, progressed = self.nc, self.nc.conn, False
+        while self.posted < self.nsteps and self.posted < self.done + NCCL_STEPS:
+            step = self.base + self.posted
+            size = self.step_size * self.slice_steps
+            req = nc.plugin.irecv(nc.comm, [self._slot(step, size)], [size], [0], [None])
+            if req is None:
+                break
+            self.requests[step % NCCL_STEPS] = req
+            self.posted += self.slice_steps
+            progressed = True
+        if self.received < self.posted:
+            slot = (self.base + self.received) % NCCL_STEPS
+            ok, _ = nc.plugin.test(self.requests[slot])
+            if ok:
+                self.received += self.slice_steps
+                self.transmitted = self.received  # no flush for host memory
+                conn.tail[0] = self.base + self.transmitted
+                if conn.tail_sleep[0]:
+                    conn.doorbell[0] += 1
+                    futex.wake(conn.tail_addr)
+                    futex.wake(conn.bell_addr)
+                progressed = True
+        if self.done < self.transmitted and int(conn.head[0]) >= self.base + self.done + self.slice_steps:
+            self.done += self.slice_steps
+            progressed = True
+        return progressed
+
+
+class Proxy(threading.Thread):
+    """``ncclProxyProgress``: loops over active ops calling their progress; new ops arrive from the kernel side."""
+
+    def __init__(self, rank: int):
+        super().__init__(name=f"nccllab-proxy-rank{rank}", daemon=True)
+        self.rank = rank
+        self.pending: collections.deque = collections.deque()
+        self.active: list = []  # connections with ops; only each one's oldest op progresses (messages stay in order)
+        self.error: str | None = None
+        self.stopping = False
+        sys.setswitchinterval(0.0002)  # the kernel loop and the proxy share the GIL: switch often
+
+    def post(self, ops: list) -> None:
+        self.pending.extend(ops)
+
+    def idle(self) -> bool:
+        return not self.pending and not self.active
+
+    def run(self) -> None:
+        idle = 0
+        while not self.stopping:
+            while self.pending:
+                op = self.pending.popleft()
+                if not op.nc.ops:
+                    self.active.append(op.nc)
+                op.nc.ops.append(op)
+            progressed = False
+            try:
+                for nc in list(self.active):
+                    op = nc.ops[0]
+                    progressed |= op.send_progress() if nc.conn.is_send else op.recv_progress()
+                    if op.complete:
+                        nc.ops.popleft()
+                        if not nc.ops:
+                            self.active.remove(nc)
+            except (NetError, OSError) as exc:
+                op_peer = op.nc.conn.peer
+                self.error = f"NET connection with rank {op_peer} (channel {op.nc.channel}) failed: {exc}"
+                return
+            if progressed:
+                idle = 0
+            else:
+                idle += 1
+                time.sleep(0 if idle < 50 else 20e-6)
+
+    def stop(self) -> None:
+        self.stopping = True
+        if self.is_alive():
+            self.join(timeout=2.0)
