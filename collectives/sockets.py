@@ -1,8 +1,9 @@
 """TCP helpers and interface choice (``src/misc/socket.cc``: ``ncclFindInterfaces``, ``ncclSocketConnect``).
 
 Framing is an 8-byte little-endian length then the payload.  Every blocking call has a deadline.
-Deliberate difference: with neither ``NCCL_SOCKET_IFNAME`` nor ``NCCL_COMM_ID`` set, NCCL prefers an ``ib*``
-then any non-loopback interface; nccl-lab is a one-machine lab, so it binds loopback unless told otherwise.
+Interface choice is NCCL's: ``NCCL_SOCKET_IFNAME`` if set; else, with ``NCCL_COMM_ID``, the interface on the
+same subnet as the root; else an ``ib*`` interface, then any but ``docker*``/``lo``, then those.  The lab's own
+single-machine runs (launcher, tests, main job) pass ``NCCL_COMM_ID=127.0.0.1:…`` or ``NCCL_SOCKET_IFNAME=lo``.
 """
 from __future__ import annotations
 
@@ -66,9 +67,10 @@ def find_interface() -> tuple[str, str]:
         for name, addr, mask in ifs:  # ncclFindInterfaceMatchSubnet
             if remote in ipaddress.ip_network(f"{addr}/{mask}", strict=False):
                 return name, addr
-    for name, addr, _ in ifs:
-        if name == "lo":
-            return name, addr
+    for wanted in ("ib", "^docker,lo", "docker,lo"):  # ncclFindInterfaces' automatic order
+        for name, addr, _ in ifs:
+            if _match_prefix(name, wanted):
+                return name, addr
     return "lo", "127.0.0.1"
 
 

@@ -4,6 +4,8 @@
 # file and chunk CSV, the four diagrams, MPI's curve, NCCL's cost-model curve and the plot of all of them.
 set -euo pipefail
 OUT=${NCCLLAB_OUT:-nccllab-out}
+# One machine: bootstrap and sockets on loopback (NCCL's default would pick the first non-loopback interface).
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 N=${NRANKS:-8}
 rm -rf "$OUT" && mkdir -p "$OUT"
 FIXTURES=../shared/fixtures

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates the example pictures under docs/ (run from the repo root inside the venv: ./lab makes one).
 set -euo pipefail
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # A traced 4-rank ring allreduce on 2 channels with a non-identity ring on channel 1.

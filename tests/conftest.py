@@ -25,7 +25,7 @@ def run_ranks(nranks: int, worker: str, *args: str, env: dict | None = None, tim
               check: bool = True, nodes: int = 1) -> subprocess.CompletedProcess:
     """Run tests/workers.py WORKER as ``nranks`` real ranks through collectives.launch.spawn (``nodes`` > 1:
     per-rank NCCL_HOSTID, so the nodes talk over the NET transport)."""
-    full_env = {**os.environ, "NCCLLAB_TIMEOUT": "30", **(env or {})}
+    full_env = {**os.environ, "NCCLLAB_TIMEOUT": "30", "NCCL_SOCKET_IFNAME": "lo", **(env or {})}
     code = ("import sys; from collectives.launch import spawn; "
             f"sys.exit(spawn({nranks}, [{str(ROOT / 'tests' / 'workers.py')!r}, *sys.argv[1:]], nodes={nodes}))")
     proc = subprocess.run([sys.executable, "-c", code, worker, *args], env=full_env, capture_output=True,

@@ -9,7 +9,7 @@ import pytest
 from conftest import FIXTURES, ROOT
 from visualize import nccl_tests
 
-ENV = {**os.environ, "NCCLLAB_TIMEOUT": "60"}
+ENV = {**os.environ, "NCCLLAB_TIMEOUT": "60", "NCCL_SOCKET_IFNAME": "lo"}  # one machine: stay on loopback
 
 
 def test_runner_spawns_ranks_and_prints_a_clean_table(tmp_path):
