@@ -5,7 +5,9 @@
 # missing from some kernels, so no latency is injected here).  NETNS_SIZES overrides the sweep.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-$(command -v python)}
+PY=${PYTHON:-}
+[ -z "$PY" ] && [ -x .venv/bin/python ] && PY=.venv/bin/python
+PY=${PY:-$(command -v python3)}
 A=nccllab-a; B=nccllab-b
 cleanup() { ip netns del $A 2>/dev/null || true; ip netns del $B 2>/dev/null || true; }
 trap cleanup EXIT

@@ -150,6 +150,6 @@ def test_netns_script(tmp_path):
         pytest.skip(f"cannot create network namespaces here: {probe.stderr.strip()}")
     subprocess.run(["ip", "netns", "del", "nccllab-probe"], capture_output=True)
     proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=ROOT, timeout=300,
-                          env={**os.environ, "NETNS_SIZES": "-b 8 -e 1M -f 32"})
+                          env={**os.environ, "NETNS_SIZES": "-b 8 -e 1M -f 32", "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Out of bounds values : 0 OK" in proc.stdout and "via NET/Socket/0" in proc.stdout
