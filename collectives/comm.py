@@ -179,7 +179,8 @@ class Communicator:
                 "node_of_rank": [nodes[p["host_hash"]] for p in self.peer_info],
                 "hosts": [p["host"] for p in self.peer_info], "pids": [p["pid"] for p in self.peer_info],
                 "rings": self.rings, "buff_sizes": self.buff_sizes,
-                "transports": [ch.send.transport if ch.send else None for ch in self.channels]}
+                "transports": [ch.send.transport if ch.send else None for ch in self.channels],
+                "net": bool(self.net_connections)}
 
     def _hang_report(self, kernel: Kernel, error: str) -> dict:
         waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % 8, "prim": prim}
@@ -378,7 +379,8 @@ class Communicator:
             for conn, calls in ((ch.send, sends), (ch.recv, recvs)):
                 if conn is not None and conn.conn_fifo is not None and calls:
                     nc = next(n for n in self.net_connections if n.conn is conn)
-                    ops.append(net.ProxyOp(nc, plan.proto, calls * chunk_steps, sps, chunk_steps))
+                    ops.append(net.ProxyOp(nc, plan.proto, calls * chunk_steps, sps, chunk_steps, self.tracer,
+                                           self.op_count))
         return ops
 
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
@@ -417,7 +419,6 @@ class Communicator:
         if self._destroyed:
             return
         self._destroyed = True
-        self._flush_trace()
         try:
             if self._error is None and self.nranks > 1:
                 self.bootstrap.barrier()
@@ -425,7 +426,8 @@ class Communicator:
                     if r != self.rank and page.aborted:
                         raise CollectiveError(f"rank {self.rank}: rank {r} aborted: {page.message}")
         finally:
-            self._close_net()
+            self._close_net()  # the proxy finishes its last ops first, so their events are in the trace
+            self._flush_trace()
             self._release_segments()
             self.bootstrap.close()
             for ch in self.channels:

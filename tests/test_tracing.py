@@ -73,3 +73,22 @@ def test_hang_report_names_the_stalled_rank(tmp_path):
     w = reports[2]["waits"][0]   # rank 2 receives from rank 1 on channel 0, at the first step of the call
     assert (w["channel"], w["what"], w["peer"], w["step"], w["slot"]) == (0, "tail", 1, 0, 0)
     assert w["prim"] == "recv_reduce_send"
+
+
+def test_net_proxy_ops_and_steps_are_traced(tmp_path):
+    run_ranks(4, "traced_allreduce", "1", "300000", env={"NCCLLAB_TRACE": str(tmp_path), "NCCL_PROTO": "Simple"},
+              nodes=2)
+    meta, events = export.load(str(tmp_path))
+    ops = [e for e in events if e["kind"] == "proxy_op" and e["seq"] == 0]
+    steps = [e for e in events if e["kind"] == "proxy_step" and e["seq"] == 0]
+    # rank 1 sends to rank 2 over NET, rank 2 receives from rank 1 (ring 0 1 2 3 across 2 nodes)
+    send = [e for e in ops if e["rank"] == 1 and e["is_send"]]
+    recv = [e for e in ops if e["rank"] == 2 and not e["is_send"]]
+    assert len(send) == 1 and send[0]["peer"] == 2 and recv and recv[0]["peer"] == 1
+    assert send[0]["nsteps"] == recv[0]["nsteps"] and send[0]["nsteps"] % 4 == 0
+    sent = sum(e["bytes"] for e in steps if e["rank"] == 1 and e["is_send"])
+    got = sum(e["bytes"] for e in steps if e["rank"] == 2 and not e["is_send"])
+    kernel = sum(e["bytes"] for e in events if e["kind"] == "step" and e["rank"] == 1 and e["send_peer"] == 2)
+    assert sent == got == kernel > 0
+    tids = {e["tid"] for e in export.perfetto(str(tmp_path))["traceEvents"] if e.get("cat") == "proxy_step"}
+    assert tids == {export.PROXY_TID}

@@ -21,6 +21,10 @@ FIELDS = {
     "prim": ("seq", "channel", "prim", "recv_peer", "send_peer", "loop", "chunk", "offset", "count", "t0", "t1"),
     "step": ("seq", "channel", "prim", "recv_peer", "send_peer", "loop", "chunk", "slice", "slot", "step",
              "offset", "count", "bytes", "t0", "t_ready", "t1"),
+    # NET proxy (profiler ProxyOp / ProxyStep): one op per connection per collective, one step per message;
+    # t_wait = data ready (SendGPUWait ends) or irecv posted, t_post = isend issued, t1 = test() said done.
+    "proxy_op": ("seq", "channel", "peer", "is_send", "proto", "nsteps", "t0", "t1"),
+    "proxy_step": ("seq", "channel", "peer", "is_send", "step", "slot", "bytes", "t0", "t_post", "t1"),
 }
 
 

@@ -15,6 +15,7 @@ import os
 from .events import read_rank_file
 
 COLL_TID = 10_000
+PROXY_TID = 20_000  # + channel
 
 
 def load(directory: str) -> tuple[dict, list[dict]]:
@@ -42,6 +43,9 @@ def perfetto(directory: str) -> dict:
         out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": COLL_TID, "args": {"name": "collectives"}})
         for c in range(meta["nchannels"]):
             out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": c, "args": {"name": f"channel {c}"}})
+            if any(t and t.startswith("NET") for t in meta.get("transports", [])) or meta.get("net"):
+                out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": PROXY_TID + c,
+                            "args": {"name": f"proxy channel {c}"}})
     for e in events:
         ts, dur = (e["t0"] - t_base) / 1000.0, max(0.0, (e["t1"] - e["t0"]) / 1000.0)
         kind = e["kind"]
@@ -51,6 +55,12 @@ def perfetto(directory: str) -> dict:
             name, tid = f"channel {e['channel']} part {e['part_offset']}+{e['part_count']}", e["channel"]
         elif kind == "prim":
             name, tid = f"{e['prim']} c{e['chunk']}", e["channel"]
+        elif kind == "proxy_op":
+            name = f"{'send to' if e['is_send'] else 'recv from'} rank {e['peer']} {e['proto']} x{e['nsteps']}"
+            tid = PROXY_TID + e["channel"]
+        elif kind == "proxy_step":
+            name = f"{'isend' if e['is_send'] else 'irecv'} step {e['step']} ({e['bytes']} B)"
+            tid = PROXY_TID + e["channel"]
         else:
             name, tid = f"slice {e['slice']} slot {e['slot']}", e["channel"]
         args = {k: v for k, v in e.items() if k not in ("kind", "t0", "t1", "rank")}
@@ -65,7 +75,7 @@ def movements(directory: str) -> list[dict]:
     rows = []
     for e in events:
         if e["kind"] != "step" or e["send_peer"] < 0:
-            continue
+            continue  # proxy steps repeat the same bytes on the wire: the kernel's view is the movement
         rows.append({"seq": e["seq"], "channel": e["channel"], "from": e["rank"], "to": e["send_peer"],
                      "prim": e["prim"], "op": "reduce" if "reduce" in e["prim"] else "copy", "loop": e["loop"],
                      "chunk": e["chunk"], "slice": e["slice"], "slot": e["slot"], "step": e["step"],

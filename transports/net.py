@@ -55,8 +55,12 @@ class NetConnection:
 
 
 class ProxyOp:
-    def __init__(self, nc: NetConnection, proto: str, nsteps: int, slice_steps: int, chunk_steps: int):
+    def __init__(self, nc: NetConnection, proto: str, nsteps: int, slice_steps: int, chunk_steps: int,
+                 tracer=None, seq: int = 0):
         self.nc, self.proto, self.nsteps, self.slice_steps = nc, proto, nsteps, slice_steps
+        self.tracer, self.seq = tracer, seq
+        self.t_start = self.t_first = 0
+        self.step_t: dict = {}   # slot -> (t0, t_post) while a message is in flight (tracing only)
         self.base = -(-nc.conn.step // chunk_steps) * chunk_steps
         self.posted = self.transmitted = self.received = self.done = 0
         self.requests: dict = {}
@@ -65,6 +69,18 @@ class ProxyOp:
     @property
     def complete(self) -> bool:
         return self.done >= self.nsteps
+
+    def _trace_step(self, step: int, size: int) -> None:
+        t0, t_post = self.step_t.pop(step % NCCL_STEPS, (0, 0))
+        conn = self.nc.conn
+        self.tracer.add("proxy_step", self.seq, self.nc.channel, conn.peer, conn.is_send, step, step % NCCL_STEPS,
+                        size, t0, t_post, time.monotonic_ns())
+
+    def trace_end(self) -> None:
+        if self.tracer is not None:
+            conn = self.nc.conn
+            self.tracer.add("proxy_op", self.seq, self.nc.channel, conn.peer, conn.is_send, self.proto,
+                            self.nsteps, self.t_start, time.monotonic_ns())
 
     def _slot(self, step: int, size: int) -> memoryview:
         start = (step % NCCL_STEPS) * self.step_size
@@ -84,10 +100,15 @@ class ProxyOp:
                     self.requests[slot] = req
                     self.transmitted += self.slice_steps
                     progressed = True
+                    if self.tracer is not None:
+                        now = time.monotonic_ns()
+                        self.step_t[slot] = (now, now)
         if self.done < self.transmitted:
             slot = (self.base + self.done) % NCCL_STEPS
-            ok, _ = nc.plugin.test(self.requests[slot])
+            ok, sent = nc.plugin.test(self.requests[slot])
             if ok:
+                if self.tracer is not None:
+                    self._trace_step(self.base + self.done, sent)
                 conn.conn_fifo[slot] = -1
                 self.done += self.slice_steps
                 conn.head[0] = self.base + self.done  # credit back to the kernel
@@ -119,10 +140,15 @@ class ProxyOp:
             self.requests[step % NCCL_STEPS] = req
             self.posted += self.slice_steps
             progressed = True
+            if self.tracer is not None:
+                now = time.monotonic_ns()
+                self.step_t[step % NCCL_STEPS] = (now, now)
         if self.received < self.posted:
             slot = (self.base + self.received) % NCCL_STEPS
-            ok, _ = nc.plugin.test(self.requests[slot])
+            ok, got = nc.plugin.test(self.requests[slot])
             if ok:
+                if self.tracer is not None:
+                    self._trace_step(self.base + self.received, got)
                 self.received += self.slice_steps
                 self.transmitted = self.received  # no flush for host memory
                 conn.tail[0] = self.base + self.transmitted
@@ -160,6 +186,7 @@ class Proxy(threading.Thread):
         while not self.stopping:
             while self.pending:
                 op = self.pending.popleft()
+                op.t_start = time.monotonic_ns()
                 if not op.nc.ops:
                     self.active.append(op.nc)
                 op.nc.ops.append(op)
@@ -169,6 +196,7 @@ class Proxy(threading.Thread):
                     op = nc.ops[0]
                     progressed |= op.send_progress() if nc.conn.is_send else op.recv_progress()
                     if op.complete:
+                        op.trace_end()
                         nc.ops.popleft()
                         if not nc.ops:
                             self.active.remove(nc)
