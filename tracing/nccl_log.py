@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+_PREFIX = re.compile(r"^\s*([^\s:]+):(\d+):(\d+) \[\d+\] NCCL INFO")
 _COMM = re.compile(r"comm (0x[0-9a-f]+) rank (\d+) nRanks (\d+) nNodes (\d+) localRanks (\d+) localRank (\d+)")
 _RING = re.compile(r"NCCL INFO Channel (\d+)/(\d+) :((?: +\d+)+)( \.\.\.)?\s*$")
 _TREE = re.compile(r"\[(\d+)\] (-?\d+)/(-?\d+)/(-?\d+)->(\d+)->(-?\d+)")
@@ -30,17 +31,27 @@ class NcclLog:
     ring_total: int = 0
     truncated_rings: set = field(default_factory=set)
     trees: dict = field(default_factory=dict)            # channel -> {rank: (up, [down...])}
+    host_of: dict = field(default_factory=dict)          # rank -> host (from the line prefix host:pid:tid)
+    tree_lines: dict = field(default_factory=dict)       # rank -> line number of its Trees line
     transports: dict = field(default_factory=dict)       # (channel, from, to) -> "P2P/CUMEM/read", "SHM/direct/direct", ...
     patterns: list = field(default_factory=list)         # (pattern, nChannels, bwIntra, bwInter, typeIntra, typeInter, channel lines)
+
+
+class LogError(ValueError):
+    """A line that looks like NCCL's but cannot be read; the message names the line."""
 
 
 def parse(text: str) -> NcclLog:
     log = NcclLog()
     current_pattern = None
-    for line in text.splitlines():
+    for lineno, line in enumerate(text.splitlines(), 1):
+        pm = _PREFIX.match(line)
+        host = pm.group(1) if pm else None
         m = _COMM.search(line)
         if m:
             rank = int(m.group(2))
+            if host:
+                log.host_of.setdefault(rank, host)
             log.nranks, log.nnodes = int(m.group(3)), int(m.group(4))
             log.local_ranks[rank] = int(m.group(5))
             continue
@@ -57,9 +68,16 @@ def parse(text: str) -> NcclLog:
                 log.truncated_rings.add(c)
             continue
         if "NCCL INFO Trees " in line:
-            for c, d0, d1, d2, r, up in _TREE.findall(line):
+            entries = _TREE.findall(line)
+            body = line.split("NCCL INFO Trees ", 1)[1].strip()
+            if not entries or len(entries) != body.count("["):
+                raise LogError(f"line {lineno}: cannot read the Trees entries: {line.strip()[:200]}")
+            for c, d0, d1, d2, r, up in entries:
                 downs = [int(x) for x in (d0, d1, d2) if int(x) != -1]
                 log.trees.setdefault(int(c), {})[int(r)] = (int(up), downs)
+                log.tree_lines[int(r)] = lineno
+                if host:
+                    log.host_of.setdefault(int(r), host)
             continue
         m = _PATTERN.search(line)
         if m:

@@ -1,0 +1,139 @@
+"""Rebuild the trees of a real NCCL INFO log with our construction, and diff them against the log's own.
+
+    python -m collectives.graph.replay nccl.log [--json FILE]
+
+What the log gives: ranks, nodes and hosts (``comm ... nRanks N nNodes K``, each line's ``host:pid:tid`` prefix;
+node index = first appearance scanning ranks 0..N-1, like ``nodesFirstRank``), the ``Trees`` lines, and, in
+GRAPH logs, the tree search's channel lines.  INIT logs never print the tree search's intra-node order (NCCL_FACTS
+§4.5), so each node's chain per channel is read from the log's own intra-node tree links (or the GRAPH lines when
+present); every inter-node link is then rebuilt: ``get_dtree`` over nodes, attachment ranks by pattern
+(BALANCED_TREE, SPLIT_TREE, TREE; a one-rank node is always TREE), channel c + C/2 taking tree 1.  The pattern that
+reproduces most entries is reported, with ``matched N of M`` rank x channel entries, the inter-node links
+compared and matched, and each mismatch.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tracing.nccl_log import LogError, NcclLog, parse
+
+from .trees import PATTERNS, connect_trees
+
+
+def nodes_of(log: NcclLog, nranks: int) -> list[int]:
+    """Node of each rank: by host name (first appearance over ranks), or, when hosts are missing or do not match
+    the log's nNodes (one machine playing several nodes), by consecutive blocks of localRanks."""
+    hosts = [log.host_of.get(r) for r in range(nranks)]
+    if None in hosts or (log.nnodes and len(set(hosts)) != log.nnodes):
+        per = max(log.local_ranks.values(), default=nranks // max(1, log.nnodes or 1)) or nranks
+        return [r // per for r in range(nranks)]
+    order: dict = {}
+    for h in hosts:
+        order.setdefault(h, len(order))
+    return [order[h] for h in hosts]
+
+
+def chains_from_log(tree: dict, node_of: list[int], nnodes: int) -> list[list[int]]:
+    """Each node's intra-node chain in one channel: from the rank whose parent is off-node, follow intra children."""
+    chains = []
+    for node in range(nnodes):
+        members = [r for r in tree if node_of[r] == node]
+        heads = [r for r in members if tree[r][0] == -1 or node_of[tree[r][0]] != node]
+        if len(heads) != 1:
+            raise LogError(f"node {node}: cannot find a single chain head among ranks {members}")
+        chain = [heads[0]]
+        while True:
+            nxt = [d for d in tree[chain[-1]][1] if node_of[d] == node]
+            if not nxt:
+                break
+            chain.append(nxt[0])
+        if sorted(chain) != sorted(members):
+            raise LogError(f"node {node}: intra-node links do not form one chain ({chain} vs {sorted(members)})")
+        chains.append(chain)
+    return chains
+
+
+def derive(log: NcclLog, pattern: str) -> tuple[dict, list[int]]:
+    channels = sorted(log.trees)
+    nranks = log.nranks or len(log.trees[channels[0]])
+    node_of = nodes_of(log, nranks)
+    nnodes = max(node_of) + 1
+    nch = len(channels)
+    half = nch // 2 if nch % 2 == 0 and nch > 1 else nch
+    derived = {}
+    for i, c in enumerate(channels):
+        chains = chains_from_log(log.trees[c], node_of, nnodes)
+        t0, t1 = connect_trees(chains, pattern)
+        tree = t1 if (i >= half) else t0
+        derived[c] = {r: (node.up, list(node.down)) for r, node in tree.items()}
+    return derived, node_of
+
+
+def compare(log: NcclLog, derived: dict, node_of: list[int]) -> dict:
+    total = matched = links = links_ok = 0
+    mismatches = []
+    for c, tree in sorted(log.trees.items()):
+        for r, (up, downs) in sorted(tree.items()):
+            total += 1
+            got = derived[c].get(r)
+            if got == (up, downs):
+                matched += 1
+            else:
+                mismatches.append({"channel": c, "rank": r, "log": _fmt(r, up, downs), "derived": _fmt(r, *got) if got
+                                   else "missing"})
+            for peer in [up, *downs]:
+                if peer != -1 and node_of[peer] != node_of[r]:
+                    links += 1
+                    links_ok += got is not None and (peer == got[0] or peer in got[1])
+    return {"entries": total, "matched": matched, "inter_links": links, "inter_matched": links_ok,
+            "mismatches": mismatches}
+
+
+def _fmt(rank: int, up: int, downs: list) -> str:
+    d = list(downs) + [-1] * (3 - len(downs))
+    return f"{d[0]}/{d[1]}/{d[2]}->{rank}->{up}"
+
+
+def replay(text: str) -> dict:
+    log = parse(text)
+    if not log.trees:
+        raise LogError("no 'Trees [c] ...' lines in the log (run NCCL with NCCL_DEBUG=INFO)")
+    results = {}
+    for pattern in PATTERNS:
+        derived, node_of = derive(log, pattern)
+        results[pattern] = (compare(log, derived, node_of), derived)
+    best = max(results, key=lambda p: (results[p][0]["matched"], p == "BALANCED_TREE"))
+    report, derived = results[best]
+    return {"pattern": best, "nranks": log.nranks, "nnodes": max(node_of) + 1, "channels": len(log.trees),
+            **report, "patterns": {p: results[p][0]["matched"] for p in results}, "derived": derived}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m collectives.graph.replay", description=__doc__.split("\n")[0])
+    p.add_argument("log")
+    p.add_argument("--json", help="write the report as JSON")
+    a = p.parse_args(argv)
+    try:
+        rep = replay(open(a.log, errors="replace").read())
+    except LogError as exc:
+        print(f"{a.log}: {exc}", file=sys.stderr)
+        return 2
+    print(f"# {a.log}: {rep['nranks']} ranks, {rep['nnodes']} nodes, {rep['channels']} channels; pattern "
+          f"{rep['pattern']} (entries matched per pattern: {rep['patterns']})")
+    for r in sorted(next(iter(rep["derived"].values()))):
+        parts = [f"[{c}] {_fmt(r, *rep['derived'][c][r])}" for c in sorted(rep["derived"])]
+        print(f"rank {r}: Trees " + " ".join(parts))
+    for m in rep["mismatches"]:
+        print(f"mismatch channel {m['channel']} rank {m['rank']}: log {m['log']}  derived {m['derived']}")
+    print(f"inter-node links matched {rep['inter_matched']} of {rep['inter_links']}")
+    print(f"matched {rep['matched']} of {rep['entries']}")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({k: v for k, v in rep.items() if k != "derived"}, f, indent=1)
+    return 0 if rep["matched"] == rep["entries"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

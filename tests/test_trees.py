@@ -1,0 +1,107 @@
+"""Double binary trees (NCCL_FACTS §4.2-4.5) and replaying the Trees lines of NCCL INFO logs."""
+import math
+import subprocess
+import sys
+
+import pytest
+
+from collectives.graph.replay import replay
+from collectives.graph.trees import connect_trees, get_btree, get_dtree
+from conftest import FIXTURES, ROOT, run_ranks
+from tracing.nccl_log import LogError
+
+TABLES = {  # NCCL_FACTS §4.4: rank -> (T0 up, d0, d1, T1 up, d0, d1)
+    4: {0: (-1, -1, 2, 1, -1, -1), 1: (2, -1, -1, 3, 2, 0), 2: (0, 1, 3, 1, -1, -1), 3: (2, -1, -1, -1, -1, 1)},
+    8: {0: (-1, -1, 4, 1, -1, -1), 1: (2, -1, -1, 3, 2, 0), 2: (4, 1, 3, 1, -1, -1), 3: (2, -1, -1, 7, 5, 1),
+        4: (0, 2, 6, 5, -1, -1), 5: (6, -1, -1, 3, 6, 4), 6: (4, 5, 7, 5, -1, -1), 7: (6, -1, -1, -1, -1, 3)},
+    5: {0: (-1, -1, 4, 1, 3, -1), 1: (2, -1, -1, -1, -1, 0), 2: (4, 1, 3, 3, -1, -1), 3: (2, -1, -1, 0, 2, 4),
+        4: (0, 2, -1, 3, -1, -1)},
+}
+
+
+@pytest.mark.parametrize("n", sorted(TABLES))
+def test_worked_tables(n):
+    for r, row in TABLES[n].items():
+        t0, t1 = get_dtree(n, r)
+        assert t0[:3] + t1[:3] == row, (n, r)
+
+
+def _check_tree(n, links):
+    ups = {r: links[r][0] for r in range(n)}
+    roots = [r for r in range(n) if ups[r] == -1]
+    assert len(roots) == 1
+    for r in range(n):
+        for d in links[r][1:3]:
+            if d != -1:
+                assert ups[d] == r, (n, r, d)            # parent and child agree
+    depth = 0
+    for r in range(n):                                    # every node reaches the root: the tree spans all
+        hops, v = 0, r
+        while ups[v] != -1:
+            v, hops = ups[v], hops + 1
+            assert hops <= n
+        depth = max(depth, hops)
+    assert depth <= max(1, math.ceil(math.log2(n)) + 1), (n, depth)
+
+
+@pytest.mark.parametrize("n", range(1, 257))
+def test_btree_and_dtree_properties(n):
+    t0 = {r: get_dtree(n, r)[0] for r in range(n)}
+    t1 = {r: get_dtree(n, r)[1] for r in range(n)}
+    _check_tree(n, t0)
+    _check_tree(n, t1)
+    assert t0 == {r: get_btree(n, r) for r in range(n)}
+    if n >= 3:  # the two trees differ: no node is an interior node in both (the point of the double tree) ...
+        interior = lambda t, r: t[r][1] != -1 or t[r][2] != -1  # noqa: E731
+        if n % 2 == 0:
+            assert not any(interior(t0, r) and interior(t1, r) for r in range(n))
+        assert any(t0[r][0] != t1[r][0] for r in range(n))
+
+
+def test_connect_trees_worked_examples():
+    t0, t1 = connect_trees([[0, 1], [2, 3]])
+    assert (t0[0].up, t0[0].down, t0[2].down, t0[3].up) == (-1, (1, 2), (3,), 2)
+    assert (t1[2].up, t1[2].down, t1[0].up, t1[0].down) == (-1, (3, 0), 2, (1,))
+    t0, _ = connect_trees([[0, 1], [2, 3], [4, 5], [6, 7]])
+    assert (t0[0].down, t0[4].up, t0[4].down, t0[5].down, t0[2].up) == ((1, 4), 0, (5, 6), (2,), 5)
+
+
+@pytest.mark.parametrize("path", ["rdmatutorial_3x1_p40_graph.log", "trainingoneks_1x4_a100_p4d.log"])
+def test_replay_real_nccl_logs(path):
+    f = FIXTURES / "nccl_logs" / path
+    if not f.exists():
+        pytest.skip("shared fixtures not present")
+    rep = replay(f.read_text())
+    assert rep["matched"] == rep["entries"] > 0, rep["mismatches"][:5]
+    assert rep["inter_matched"] == rep["inter_links"]
+
+
+@pytest.mark.parametrize("nranks,nodes,rings", [(4, 2, ""), (8, 4, "0 1 2 3 4 5 6 7|0 1 3 2 5 4 7 6")])
+def test_replay_our_own_logs(tmp_path, nranks, nodes, rings):
+    env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_DEBUG_FILE": str(tmp_path / "log.%p")}
+    if rings:
+        env["NCCLLAB_RINGS"] = rings
+    run_ranks(nranks, "bitwise", "1" if not rings else "2", "", "[7]", '["float32"]', '["allreduce"]',
+              env=env, nodes=nodes, timeout=300)
+    text = "\n".join(p.read_text() for p in sorted(tmp_path.glob("log.*")))
+    rep = replay(text)
+    assert rep["nnodes"] == nodes and rep["matched"] == rep["entries"] == nranks * rep["channels"]
+    assert rep["inter_links"] > 0 and rep["inter_matched"] == rep["inter_links"]
+
+
+def test_replay_cli_and_errors(tmp_path):
+    log = tmp_path / "nccl.log"
+    log.write_text("some other program output\n"
+                   "h0:1:1 [0] NCCL INFO comm 0x1 rank 0 nRanks 2 nNodes 2 localRanks 1 localRank 0 MNNVL 0\n"
+                   "h0:1:1 [0] NCCL INFO Trees [0] 1/-1/-1->0->-1\n"
+                   "h1:2:2 [0] NCCL INFO Trees [0] -1/-1/-1->1->0\n")
+    proc = subprocess.run([sys.executable, "-m", "collectives.graph.replay", str(log)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0 and "matched 2 of 2" in proc.stdout
+    bad = tmp_path / "bad.log"
+    bad.write_text("h0:1:1 [0] NCCL INFO Trees [0] 1/-1/-1->0->-1 [1] garbage\n")
+    proc = subprocess.run([sys.executable, "-m", "collectives.graph.replay", str(bad)], capture_output=True,
+                          text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 2 and "line 1" in proc.stderr
+    with pytest.raises(LogError, match="no 'Trees"):
+        replay("nothing here\n")
