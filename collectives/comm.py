@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +21,7 @@ from tracing import debug
 from tracing.events import from_env as tracer_from_env
 from tracing.events import now
 from tracing.hang import report_dir, write_report
-from transports import shm
-from transports import net
+from transports import net, shm
 from transports.connector import Connector
 
 from . import enqueue, sockets, transport
@@ -37,7 +37,7 @@ from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 from .graph.rings import Ring, parse_rings, ring_log_line, ring_orders, setup_ring
 from .graph.trees import channel_trees, trees_log_line
-from .param import MAXCHANNELS, env_int, env_str
+from .param import MAXCHANNELS, env_int, env_str, timeout_s
 from .status import FUNC_CODES, StatusPage, describe
 
 DEFAULT_NCHANNELS_CPU = 1  # measured: on 2 cores one channel streams best (README); NCCL derives it from its topology search
@@ -194,8 +194,6 @@ class Communicator:
     def _close_net(self) -> None:
         """Let the proxy finish what the last collective posted (within the deadline), then close."""
         if self.proxy is not None:
-            import time
-            from .param import timeout_s
             end = time.monotonic() + timeout_s()
             while not self.proxy.idle() and not self.proxy.error and time.monotonic() < end:
                 time.sleep(0.001)
