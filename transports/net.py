@@ -70,6 +70,12 @@ class ProxyOp:
     def complete(self) -> bool:
         return self.done >= self.nsteps
 
+    def _trace_issue(self, slot: int) -> None:
+        """isend/irecv of this slot was just issued (tracing only)."""
+        if self.tracer is not None:
+            now = time.monotonic_ns()
+            self.step_t[slot] = (now, now)
+
     def _trace_step(self, step: int, size: int) -> None:
         t0, t_post = self.step_t.pop(step % NCCL_STEPS, (0, 0))
         conn = self.nc.conn
@@ -100,9 +106,7 @@ class ProxyOp:
                     self.requests[slot] = req
                     self.transmitted += self.slice_steps
                     progressed = True
-                    if self.tracer is not None:
-                        now = time.monotonic_ns()
-                        self.step_t[slot] = (now, now)
+                    self._trace_issue(slot)
         if self.done < self.transmitted:
             slot = (self.base + self.done) % NCCL_STEPS
             ok, sent = nc.plugin.test(self.requests[slot])
@@ -140,9 +144,7 @@ class ProxyOp:
             self.requests[step % NCCL_STEPS] = req
             self.posted += self.slice_steps
             progressed = True
-            if self.tracer is not None:
-                now = time.monotonic_ns()
-                self.step_t[step % NCCL_STEPS] = (now, now)
+            self._trace_issue(step % NCCL_STEPS)
         if self.received < self.posted:
             slot = (self.base + self.received) % NCCL_STEPS
             ok, got = nc.plugin.test(self.requests[slot])
