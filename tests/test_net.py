@@ -25,9 +25,10 @@ def test_two_nodes_of_two_bitwise(proto):
               ALL, env={"NCCL_PROTO": proto, "NCCLLAB_TIMEOUT": "60"}, nodes=2)
 
 
-def test_two_nodes_of_four_bitwise_two_channels():
-    run_ranks(8, "bitwise", "2", "", json.dumps([3, 300_007]), json.dumps(["float32", "float16"]), ALL,
-              env={"NCCLLAB_TIMEOUT": "90"}, nodes=2, timeout=400)
+@pytest.mark.parametrize("proto", ["Simple", "LL", "LL128"])
+def test_two_nodes_of_four_bitwise_two_channels(proto):
+    run_ranks(8, "bitwise", "2", "", json.dumps([3, 100_003]), json.dumps(["float32", "float16"]), ALL,
+              env={"NCCLLAB_TIMEOUT": "90", "NCCL_PROTO": proto}, nodes=2, timeout=400)
 
 
 @pytest.mark.parametrize("proto", ["Simple", "LL"])

@@ -25,9 +25,11 @@ def test_bitwise_all_collectives(proto, n):
 
 @pytest.mark.parametrize("proto", ["LL", "LL128"])
 def test_bitwise_four_and_eight_ranks(proto):
-    run_ranks(4, "bitwise", "1", json.dumps([[0, 2, 3, 1]]), json.dumps([3, 65_537, 1_000_003]),
-              json.dumps(["float32"]), json.dumps(["allreduce", "reducescatter", "allgather"]),
+    run_ranks(4, "bitwise", "1", json.dumps([[0, 2, 3, 1]]), json.dumps([3, 65_537]), FLOATS,
+              json.dumps(["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]),
               env={"NCCL_PROTO": proto})
+    run_ranks(4, "bitwise", "1", "", json.dumps([1_000_003]), json.dumps(["float32"]),  # several MiB
+              json.dumps(["allreduce", "reducescatter", "allgather"]), env={"NCCL_PROTO": proto})
     run_ranks(8, "bitwise", "2", "", json.dumps([1, 1023, 40_009]), FLOATS,
               json.dumps(["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]),
               env={"NCCL_PROTO": proto})
