@@ -80,7 +80,6 @@ class Communicator:
         self._shm: shm.ShmSetup | None = None
         self.proxy = None
         self.net_connections: list = []
-        self.net_plugin = None
         try:
             self._init_transports(unique_id, rings, nchannels, protocols)
         except BaseException:
@@ -100,7 +99,6 @@ class Communicator:
         for p, size in self.buff_sizes.items():
             if size <= 0 or size % BUFF_UNIT[p]:
                 raise ValueError(f"{BUFF_ENV[p]}={size} must be a positive multiple of {BUFF_UNIT[p]}")
-        self.buff_size = self.buff_sizes["Simple"]
         proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
         self._proto_text, self._algo_text = proto_text, os.environ.get("NCCL_ALGO", "")
         tuning.protocol_table(proto_text)  # a bad NCCL_PROTO / NCCL_ALGO fails at init, on every rank
@@ -123,13 +121,13 @@ class Communicator:
         for h in hosts:
             node_of_hash.setdefault(h, len(node_of_hash))
         self.nnodes = len(node_of_hash)
+        self.node_of_rank = [node_of_hash[h] for h in hosts]  # nodesFirstRank order
         self.local_ranks = [r for r in range(self.nranks) if hosts[r] == self.host_hash]
         self.local_rank = self.local_ranks.index(self.rank)
         self.oversubscribed = len(self.local_ranks) > len(os.sched_getaffinity(0))
         self._plans: dict[tuple, enqueue.Plan] = {}
         debug.set_device(self.local_rank)
-        orders = ring_orders(self.nranks, base, self.peer_info[0]["rings"],
-                             node_of=[node_of_hash[h] for h in hosts])
+        orders = ring_orders(self.nranks, base, self.peer_info[0]["rings"], node_of=self.node_of_rank)
         self.channels = [Channel(c, setup_ring(orders[c % base], self.rank)) for c in range(self.nchannels)]
         self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes,
                                              nthreads=env_int("NCCL_NTHREADS", 512))
@@ -143,8 +141,7 @@ class Communicator:
         if self.rank == 0:
             for ch in self.channels:
                 debug.info("INIT", ring_log_line(ch.id, self.nchannels, list(ch.ring.order)))
-        node_of = [node_of_hash[h] for h in hosts]
-        self.trees = channel_trees(self.rings, node_of)
+        self.trees = channel_trees(self.rings, self.node_of_rank)
         debug.info("INIT", trees_log_line(self.rank, self.trees))
         self._connect_status()
         if self.nranks > 1:
@@ -172,11 +169,8 @@ class Communicator:
 
     def describe(self) -> dict:
         """The communicator as the trace and the diagrams see it: ranks, nodes, rings and transports."""
-        nodes: dict[int, int] = {}
-        for p in self.peer_info:
-            nodes.setdefault(p["host_hash"], len(nodes))
         return {"nranks": self.nranks, "nnodes": self.nnodes, "nchannels": self.nchannels, "tag": self.tag,
-                "node_of_rank": [nodes[p["host_hash"]] for p in self.peer_info],
+                "node_of_rank": self.node_of_rank,
                 "hosts": [p["host"] for p in self.peer_info], "pids": [p["pid"] for p in self.peer_info],
                 "rings": self.rings, "buff_sizes": self.buff_sizes,
                 "transports": [ch.send.transport if ch.send else None for ch in self.channels],
@@ -375,9 +369,8 @@ class Communicator:
             ch = self.channels[w.channel]
             sends, recvs = enqueue.ring_calls(func, self.nranks, w, ch.ring.user_ranks, root)
             for conn, calls in ((ch.send, sends), (ch.recv, recvs)):
-                if conn is not None and conn.conn_fifo is not None and calls:
-                    nc = next(n for n in self.net_connections if n.conn is conn)
-                    ops.append(net.ProxyOp(nc, plan.proto, calls * chunk_steps, sps, chunk_steps, self.tracer,
+                if conn is not None and conn.proxy_conn is not None and calls:
+                    ops.append(net.ProxyOp(conn.proxy_conn, plan.proto, calls * chunk_steps, sps, chunk_steps, self.tracer,
                                            self.op_count))
         return ops
 

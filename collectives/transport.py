@@ -26,8 +26,8 @@ def select_transport(me: dict, peer: dict) -> str:
 
 def connect_rings(comm) -> None:
     me = comm.peer_info[comm.rank]
-    hosts = [p["host_hash"] for p in comm.peer_info]
-    dev = lambda r: [q for q in range(comm.nranks) if hosts[q] == hosts[r]].index(r)  # noqa: E731  [cudaDev]
+    node = comm.node_of_rank
+    dev = lambda r: [q for q in range(comm.nranks) if node[q] == node[r]].index(r)  # noqa: E731  [cudaDev]
     kinds = {}
     for ch in comm.channels:
         kinds[("recv", ch.id)] = select_transport(me, comm.peer_info[ch.ring.prev])
@@ -77,7 +77,6 @@ def connect_rings(comm) -> None:
         comm._shm.unlink_all()
         for lc in listens.values():
             plugin.close_listen(lc)
-    comm.net_plugin = plugin
     if comm.net_connections:
         comm.proxy = net.Proxy(comm.rank)
         comm.proxy.start()

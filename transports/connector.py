@@ -45,6 +45,7 @@ class Connector:
     transport: str = "SHM"
     step: int = 0              # persistent step counter (conn->step)
     conn_fifo: np.ndarray | None = None  # int64[NCCL_STEPS] step sizes for a proxy (NET); None over SHM
+    proxy_conn: object = None  # NET: the proxy's NetConnection for this connector (ncclConnector::proxyConn)
     words: dict = field(init=False)      # proto -> uint64[NCCL_STEPS, slot words]: each slot as 64-bit words
     scratch: dict = field(init=False)    # proto -> reusable uint64 staging (LL/LL128 pack and unpack)
     head_addr: int = field(init=False)   # addresses for futex sleeping and waking

@@ -50,6 +50,7 @@ class NetConnection:
 
     def __init__(self, plugin, connector: Connector, comm, channel: int):
         self.plugin, self.conn, self.comm, self.channel = plugin, connector, comm, channel
+        connector.proxy_conn = self
         self.views = {p: memoryview(b) for p, b in connector.buffs.items()}
         self.ops: collections.deque = collections.deque()  # this connection's ops, strictly in order
 
@@ -59,8 +60,8 @@ class ProxyOp:
                  tracer=None, seq: int = 0):
         self.nc, self.proto, self.nsteps, self.slice_steps = nc, proto, nsteps, slice_steps
         self.tracer, self.seq = tracer, seq
-        self.t_start = self.t_first = 0
-        self.step_t: dict = {}   # slot -> (t0, t_post) while a message is in flight (tracing only)
+        self.t_start = 0
+        self.step_t: dict = {}   # slot -> when its isend/irecv was issued, while in flight (tracing only)
         self.base = -(-nc.conn.step // chunk_steps) * chunk_steps
         self.posted = self.transmitted = self.received = self.done = 0
         self.requests: dict = {}
@@ -73,14 +74,13 @@ class ProxyOp:
     def _trace_issue(self, slot: int) -> None:
         """isend/irecv of this slot was just issued (tracing only)."""
         if self.tracer is not None:
-            now = time.monotonic_ns()
-            self.step_t[slot] = (now, now)
+            self.step_t[slot] = time.monotonic_ns()
 
     def _trace_step(self, step: int, size: int) -> None:
-        t0, t_post = self.step_t.pop(step % NCCL_STEPS, (0, 0))
+        issued = self.step_t.pop(step % NCCL_STEPS, 0)  # the message is ready when it is issued: t0 = t_post
         conn = self.nc.conn
         self.tracer.add("proxy_step", self.seq, self.nc.channel, conn.peer, conn.is_send, step, step % NCCL_STEPS,
-                        size, t0, t_post, time.monotonic_ns())
+                        size, issued, issued, time.monotonic_ns())
 
     def trace_end(self) -> None:
         if self.tracer is not None:

@@ -51,7 +51,8 @@ class Kernel:
     def describe_wait(self) -> str:
         parts = []
         for ch, (what, peer, step, _, _, _) in sorted(self.wait_state.items()):
-            side = f"tail from rank {peer} (recv)" if what == "tail" else f"head from rank {peer} (send credit)"
+            side = (f"head from rank {peer} (send credit)" if what == "head" else
+                    f"{what} from rank {peer} (recv)")  # tail, or an LL / LL128 flag
             parts.append(f"channel {ch} step {step} waiting for {side}")
         return "; ".join(parts) or "no wait recorded"
 

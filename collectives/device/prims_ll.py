@@ -34,8 +34,6 @@ def ll_flag(step: int) -> int:
 
 class PrimitivesLL(Primitives):
     proto = "LL"
-    data_per_unit = 8            # data bytes per line
-    unit_words = 2               # wire words per line
 
     def __init__(self, kernel, channel, recv, send, sendbuff, recvbuff, op):
         super().__init__(kernel, channel, recv, send, sendbuff, recvbuff, op)
