@@ -13,7 +13,7 @@ import os
 import secrets
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from .graph import tuning
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 from .graph.rings import Ring, parse_rings, ring_log_line, ring_orders, setup_ring
-from .graph.trees import channel_trees, trees_log_line
+from .graph.trees import TreeNode, channel_trees, trees_log_line
 from .param import MAXCHANNELS, env_int, env_str, timeout_s
 from .status import FUNC_CODES, StatusPage, describe
 
@@ -49,11 +49,14 @@ BUFF_UNIT = {"LL": 8 * 16, "LL128": 8 * 2048, "Simple": 8 * 4096}  # 8 slots of 
 
 @dataclass
 class Channel:
-    """``struct ncclChannel``: its ring and its connectors (``peers[...]->send[0]/recv[0]``)."""
+    """``struct ncclChannel``: its ring, its tree and its connectors (``peers[p]->send[0]/recv[0]``)."""
     id: int
     ring: Ring
-    send: Connector | None = None
-    recv: Connector | None = None
+    tree: TreeNode
+    send: Connector | None = None     # the ring's: to ring.next
+    recv: Connector | None = None     # the ring's: from ring.prev
+    send_to: dict = field(default_factory=dict)    # peer -> send connector (rings and trees share them)
+    recv_from: dict = field(default_factory=dict)  # peer -> recv connector
 
 
 class Communicator:
@@ -62,7 +65,7 @@ class Communicator:
 
     def __init__(self, unique_id: UniqueId | bytes | None = None, nranks: int | None = None,
                  rank: int | None = None, *, rings: list[list[int]] | None = None,
-                 nchannels: int | None = None, protocols: str | None = None):
+                 nchannels: int | None = None, protocols: str | None = None, algorithms: str | None = None):
         if unique_id is None:
             from .launch import rank_env
             unique_id, nranks, rank = rank_env()
@@ -79,43 +82,43 @@ class Communicator:
         self._status_pages: dict[int, StatusPage] = {}
         self._shm: shm.ShmSetup | None = None
         self.proxy = None
+        self.net_plugin = None
         self.net_connections: list = []
         try:
-            self._init_transports(unique_id, rings, nchannels, protocols)
+            self._init_transports(unique_id, rings, nchannels, protocols, algorithms)
         except BaseException:
             self._release_segments()
             self.bootstrap.close()
             raise
 
     # ------------------------------------------------------------------ init
-    def _init_transports(self, uid: UniqueId, rings, nchannels, protocols) -> None:
+    def _init_transports(self, uid: UniqueId, rings, nchannels, protocols, algorithms) -> None:
         if rings is None and env_str("NCCLLAB_RINGS"):
             rings = parse_rings(env_str("NCCLLAB_RINGS"), self.nranks)
-        # Explicit rings set the channel count, as NCCL's former NCCL_RINGS did.
-        nch = nchannels or max(DEFAULT_NCHANNELS_CPU, len(rings or []))
-        nch = min(env_int("NCCL_MAX_NCHANNELS", env_int("NCCL_MAX_NRINGS", MAXCHANNELS)), nch, MAXCHANNELS)
-        min_ch = env_int("NCCL_MIN_NCHANNELS", env_int("NCCL_MIN_NRINGS", 0))
+        # What the topology search would find (ring graph channels): explicit rings set it, as NCCL_RINGS did.
+        nch = min(nchannels or max(DEFAULT_NCHANNELS_CPU, len(rings or [])), MAXCHANNELS // 2)
         self.buff_sizes = {p: env_int(BUFF_ENV[p], DEFAULT_BUFF_SIZES[p]) for p in DEFAULT_BUFF_SIZES}
         for p, size in self.buff_sizes.items():
             if size <= 0 or size % BUFF_UNIT[p]:
                 raise ValueError(f"{BUFF_ENV[p]}={size} must be a positive multiple of {BUFF_UNIT[p]}")
         proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
-        self._proto_text, self._algo_text = proto_text, os.environ.get("NCCL_ALGO", "")
+        algo_text = algorithms if algorithms is not None else os.environ.get("NCCL_ALGO", "")
+        self._proto_text, self._algo_text = proto_text, algo_text
         tuning.protocol_table(proto_text)  # a bad NCCL_PROTO / NCCL_ALGO fails at init, on every rank
         tuning.algorithm_table(self._algo_text)
         my_tag = f"{uid.magic:012x}"[-12:] if uid.magic else secrets.token_hex(6)
         self.host_hash = sockets.host_hash()
         info = {"rank": self.rank, "host_hash": self.host_hash, "pid": os.getpid(), "host": socket.gethostname(),
-                "nchannels": max(1, nch), "min_channels": min_ch, "buff_sizes": self.buff_sizes, "tag": my_tag,
-                "rings": rings, "proto": proto_text.strip().lower()}
+                "nchannels": max(1, nch), "buff_sizes": self.buff_sizes,
+                "max_channels": env_int("NCCL_MAX_NCHANNELS", env_int("NCCL_MAX_NRINGS", MAXCHANNELS)),
+                "min_channels": env_int("NCCL_MIN_NCHANNELS", env_int("NCCL_MIN_NRINGS", 0)), "tag": my_tag,
+                "rings": rings, "proto": proto_text.strip().lower(), "algo": algo_text.strip().lower()}
         self.peer_info = self.bootstrap.allgather_obj(info)
-        for key, what in (("buff_sizes", "NCCL_*BUFFSIZE"), ("proto", "NCCL_PROTO")):
+        for key, what in (("buff_sizes", "NCCL_*BUFFSIZE"), ("proto", "NCCL_PROTO"), ("algo", "NCCL_ALGO")):
             if len({repr(p[key]) for p in self.peer_info}) != 1:
                 raise ValueError(f"{what} differs across ranks: {[p[key] for p in self.peer_info]}")
         self.tag = self.peer_info[0]["tag"]
-        # NCCL takes the minimum channel count over ranks, then copies channels up to NCCL_MIN_NCHANNELS.
-        base = min(p["nchannels"] for p in self.peer_info)
-        self.nchannels = min(MAXCHANNELS, max(base, max(p["min_channels"] for p in self.peer_info)))
+        base = min(p["nchannels"] for p in self.peer_info)  # comm->nChannels = min over ranks of the search
         hosts = [p["host_hash"] for p in self.peer_info]
         node_of_hash: dict[int, int] = {}
         for h in hosts:
@@ -127,11 +130,12 @@ class Communicator:
         self.oversubscribed = len(self.local_ranks) > len(os.sched_getaffinity(0))
         self._plans: dict[tuple, enqueue.Plan] = {}
         debug.set_device(self.local_rank)
-        orders = ring_orders(self.nranks, base, self.peer_info[0]["rings"], node_of=self.node_of_rank)
-        self.channels = [Channel(c, setup_ring(orders[c % base], self.rank)) for c in range(self.nchannels)]
+        self.channels = self._postset(ring_orders(self.nranks, base, self.peer_info[0]["rings"],
+                                                  node_of=self.node_of_rank))
+        self.nchannels = len(self.channels)
         self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes,
-                                             nthreads=env_int("NCCL_NTHREADS", 512))
-        self.machine = cpu_lab(self.nranks, self.nnodes, self.nchannels)
+                                             nthreads=env_int("NCCL_NTHREADS", 512), nnodes=self.nnodes)
+        self.machine = cpu_lab(self.nranks, self.nnodes, base, self.nchannels)
         self.cost_model = CostModel(self.machine, self._proto_text, self._algo_text)
         if self.rank == 0:
             for line in self.cost_model.tuning_lines():
@@ -141,11 +145,12 @@ class Communicator:
         if self.rank == 0:
             for ch in self.channels:
                 debug.info("INIT", ring_log_line(ch.id, self.nchannels, list(ch.ring.order)))
-        self.trees = channel_trees(self.rings, self.node_of_rank)
         debug.info("INIT", trees_log_line(self.rank, self.trees))
         self._connect_status()
         if self.nranks > 1:
-            self._connect_rings()
+            transport.connect_rings(self)
+            if self.cost_model.algo_usable("AllReduce", "Tree"):
+                transport.connect_trees(self)
         self.tracer = tracer_from_env(self.rank, self.describe())
         debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nranks {self.nranks} cudaDev {self.local_rank} "
                            f"nvmlDev {self.local_rank} busId 0 commId {hex(uid.magic)} - Init COMPLETE")
@@ -163,9 +168,20 @@ class Communicator:
         finally:
             self._status.seg.unlink()
 
-    def _connect_rings(self) -> None:
-        """``ncclTransportRingConnect`` through ``collectives.transport`` (SHM or NET per peer)."""
-        transport.connect_rings(self)
+    def _postset(self, orders: list[list[int]]) -> list[Channel]:
+        """``ncclTopoPostset``: channel c + n copies ring c and takes tree 1 (the double binary tree); then the
+        ``NCCL_MAX_NCHANNELS`` clamp, then copies of the first channels up to ``NCCL_MIN_NCHANNELS``."""
+        n = len(orders)
+        trees = channel_trees(orders, self.node_of_rank)             # tree 0 of each ring, then tree 1 of each
+        doubled = [(orders[c % n], trees[c]) for c in range(2 * n if 2 * n <= MAXCHANNELS else n)]
+        max_ch = min(p["max_channels"] for p in self.peer_info)  # the same on every rank, as NCCL's allgather
+        doubled = doubled[:max(1, min(max_ch, len(doubled)))]
+        min_ch = min(MAXCHANNELS, max(p["min_channels"] for p in self.peer_info))
+        start = len(doubled)
+        for c in range(start, min_ch):                                 # copyChannels: c copies c - start
+            doubled.append(doubled[c - start])
+        self.trees = [tree for _, tree in doubled]  # every rank's view, for the Trees line and the diagrams
+        return [Channel(c, setup_ring(order, self.rank), tree[self.rank]) for c, (order, tree) in enumerate(doubled)]
 
     def describe(self) -> dict:
         """The communicator as the trace and the diagrams see it: ranks, nodes, rings and transports."""
@@ -178,7 +194,7 @@ class Communicator:
 
     def _hang_report(self, kernel: Kernel, error: str) -> dict:
         waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % 8, "prim": prim}
-                 for ch, (what, peer, step, _, _, prim) in sorted(kernel.wait_state.items())]
+                 for (ch, _), (what, peer, step, _, _, prim) in sorted(kernel.wait_state.items())]
         last = []
         if self.tracer is not None:
             last = [dict(kind=k, values=list(v)) for k, v in self.tracer.records[-8:]]
@@ -305,6 +321,9 @@ class Communicator:
             self.proxy.post(self._proxy_ops(func, plan, root))
         for w in plan.works:
             ch = self.channels[w.channel]
+            if plan.algo == "Tree":
+                works += self._tree_works(kernel, ch, w, proto, send, recv, redop)
+                continue
             if proto == "Simple":
                 prims = PrimitivesSimple(kernel, ch.id, ch.recv, ch.send, send, recv, redop, spc, sps)
             else:
@@ -327,6 +346,35 @@ class Communicator:
         if tracer is not None:
             tracer.add("coll", self.op_count, func, plan.algo, proto, count, dtype_name(send.dtype) if func not in
                        ("AllGather", "Broadcast") else "int8", redop.name, root, plan.nchannels, t0, now())
+
+    def _tree_works(self, kernel: Kernel, ch: Channel, w, proto: str, send, recv, redop: RedOp) -> list:
+        """Tree AllReduce on one channel: ``runTreeSplit`` (two concurrent groups, or one at the root), or with
+        ``NCCLLAB_TREE_UPDOWN=1`` ``runTreeUpDown`` (the reduce phase, then the broadcast phase)."""
+        tree = ch.tree
+        down_recv = [ch.recv_from[p] for p in tree.down]
+        down_send = [ch.send_to[p] for p in tree.down]
+        up_recv, up_send = ch.recv_from.get(tree.up), ch.send_to.get(tree.up)
+
+        def prims(recv_conns, send_conns, group: int):
+            if proto == "Simple":  # Tree/Simple is ProtoSimple<1, 1>
+                p = PrimitivesSimple(kernel, ch.id, recv_conns, send_conns, send, recv, redop, 1, 1, group)
+            else:
+                cls = PrimitivesLL if proto == "LL" else PrimitivesLL128
+                p = cls(kernel, ch.id, recv_conns, send_conns, send, recv, redop, group)
+            if self.tracer is not None:
+                p.locate = lambda prim, src, dst: all_reduce.locate_tree(w, prim, src, dst)
+            return p
+
+        if env_int("NCCLLAB_TREE_UPDOWN", 0):
+            up, down = prims(down_recv, up_send, 1), prims(up_recv, down_send, 2)
+            return [_chain(_finishing(all_reduce.run_tree_up_down_reduce(up, tree, w), up, w),
+                           _finishing(all_reduce.run_tree_up_down_broadcast(down, tree, w), down, w))]
+        if tree.up == -1:
+            root = prims(down_recv, down_send, 0)
+            return [_finishing(all_reduce.run_tree_root(root, w), root, w)]
+        up, down = prims(down_recv, up_send, 1), prims(up_recv, down_send, 2)
+        return [_finishing(all_reduce.run_tree_split_reduce(up, tree, w), up, w),
+                _finishing(all_reduce.run_tree_split_broadcast(down, tree, w), down, w)]
 
     # --- public API (ncclAllReduce & co.), numpy arrays in and out ---
     def all_reduce(self, send: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
@@ -362,16 +410,21 @@ class Communicator:
     def _proxy_ops(self, func: str, plan: enqueue.Plan, root: int) -> list:
         """``ncclProxySaveOp``: for each NET connector this collective uses, how many steps it moves."""
         ops = []
-        simple = plan.proto == "Simple"
-        sps = enqueue.SLICESTEPS[func] if simple else 1
-        chunk_steps = enqueue.CHUNKSTEPS[func] if simple else 1
+        simple_ring = plan.proto == "Simple" and plan.algo == "Ring"  # calcCollChunking: others move 1 step a chunk
+        sps = enqueue.SLICESTEPS[func] if simple_ring else 1
+        chunk_steps = enqueue.CHUNKSTEPS[func] if simple_ring else 1
         for w in plan.works:
             ch = self.channels[w.channel]
-            sends, recvs = enqueue.ring_calls(func, self.nranks, w, ch.ring.user_ranks, root)
-            for conn, calls in ((ch.send, sends), (ch.recv, recvs)):
+            if plan.algo == "Tree":
+                sends, recvs = enqueue.tree_calls(w, ch.tree)
+                conns = [(ch.send_to[p], n) for p, n in sends.items()] + [(ch.recv_from[p], n) for p, n in recvs.items()]
+            else:
+                sends, recvs = enqueue.ring_calls(func, self.nranks, w, ch.ring.user_ranks, root)
+                conns = [(ch.send, sends), (ch.recv, recvs)]
+            for conn, calls in conns:
                 if conn is not None and conn.proxy_conn is not None and calls:
-                    ops.append(net.ProxyOp(conn.proxy_conn, plan.proto, calls * chunk_steps, sps, chunk_steps, self.tracer,
-                                           self.op_count))
+                    ops.append(net.ProxyOp(conn.proxy_conn, plan.proto, calls * chunk_steps, sps, chunk_steps,
+                                           self.tracer, self.op_count))
         return ops
 
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
@@ -390,8 +443,10 @@ class Communicator:
 
     def reference_config(self, func: str, count: int, dtype) -> dict:
         """What ``collectives.reference`` needs to reproduce this call (the protocol depends on its size)."""
-        proto = self.plan(func, count, dtype).proto
-        return {"rings": self.rings, "nchannels": self.nchannels, "proto": proto, "buffsize": self.buff_sizes[proto]}
+        plan = self.plan(func, count, dtype)
+        return {"rings": self.rings, "nchannels": self.nchannels, "proto": plan.proto, "algo": plan.algo,
+                "buffsize": self.buff_sizes[plan.proto],
+                "trees": [{r: (t.up, list(t.down)) for r, t in tree.items()} for tree in self.trees]}
 
     @property
     def rings(self) -> list[list[int]]:
@@ -447,6 +502,11 @@ def _locator(func: str, work, nranks: int, esize: int, rank: int):
 
 def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
+
+
+def _chain(*gens):
+    for g in gens:
+        yield from g
 
 
 def _finishing(gen, prims, work):

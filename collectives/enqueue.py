@@ -5,11 +5,13 @@
 * ``schedule_coll`` (``scheduleCollTasksToPlan`` + ``ncclCollCbdPart``): the continuous-byte-distribution split
   of the element space into one contiguous part per channel, each with its own chunk count.
 AllGather and Broadcast are counted in bytes (NCCL retypes them as int8 in ``collTaskAppend``).
-Only the Ring algorithm with the Simple protocol is run in this version; LL/LL128 and Tree come later.
+* ``ring_calls`` / ``tree_calls`` (``ncclProxySaveOp``): the steps each NET connection moves in one collective.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 PROTOS = ("LL", "LL128", "Simple")
@@ -44,10 +46,11 @@ class Tuning:
     buff_sizes: dict            # proto -> bytes
     max_threads: dict           # (algo, proto) -> threads
     thread_thresholds: dict     # (algo, proto) -> bytes per thread
+    nnodes: int = 1
 
 
 def default_tuning(nranks: int, nchannels: int, buff_sizes: dict, nthreads: int = 512,
-                   ll128_nthreads: int = 640) -> Tuning:
+                   ll128_nthreads: int = 640, nnodes: int = 1) -> Tuning:
     max_threads, thresholds = {}, {}
     for algo in ALGOS:
         max_threads[(algo, "Simple")] = nthreads
@@ -56,7 +59,7 @@ def default_tuning(nranks: int, nchannels: int, buff_sizes: dict, nthreads: int 
         thresholds[(algo, "LL")] = 8 * (nranks if algo == "Ring" else 1)  # NCCL_LL_THREAD_THRESHOLD
         thresholds[(algo, "LL128")] = 8                                     # NCCL_LL128_THREAD_THRESHOLD
         thresholds[(algo, "Simple")] = 64                                   # NCCL_SIMPLE_THREAD_THRESHOLD
-    return Tuning(nranks, nchannels, dict(buff_sizes), max_threads, thresholds)
+    return Tuning(nranks, nchannels, dict(buff_sizes), max_threads, thresholds, nnodes)
 
 
 def topo_get_algo_info(t: Tuning, algo: str, proto: str, nbytes: int) -> tuple[int, int]:
@@ -75,8 +78,9 @@ def topo_get_algo_info(t: Tuning, algo: str, proto: str, nbytes: int) -> tuple[i
     return nc, nt // WARP_SIZE
 
 
-def calc_coll_chunking(t: Tuning, func: str, algo: str, proto: str) -> int:
-    """Chunk size in bytes for Ring (no size-based shrinking for Ring), aligned down to the protocol grain."""
+def calc_coll_chunking(t: Tuning, func: str, algo: str, proto: str, nbytes: int = 0, nchannels: int = 1) -> int:
+    """Chunk size in bytes, aligned down to the protocol grain.  Only Ring/Simple has several steps per chunk; Ring
+    never shrinks with the size (the device's last loop does), Tree/LL128 halves its chunk for small parts."""
     step_size = t.buff_sizes[proto] // 8
     simple_ring = proto == "Simple" and algo == "Ring"
     chunk = step_size * (CHUNKSTEPS[func] if simple_ring else 1)
@@ -84,6 +88,14 @@ def calc_coll_chunking(t: Tuning, func: str, algo: str, proto: str) -> int:
         chunk //= 2
     elif proto == "LL128":
         chunk = chunk // 16 * 15
+    if algo == "Tree" and proto == "LL128":
+        f32 = np.float32                              # NCCL computes these thresholds in float
+        ppn = f32(t.nranks) / f32(t.nnodes)
+        nsteps = f32(1 + (t.nnodes.bit_length() - 1) + 0.1 * float(ppn))
+        while f32(nbytes // (nchannels * chunk)) < f32(nsteps * f32(64)) / ppn and chunk > 131072:
+            chunk //= 2
+        while f32(nbytes // (nchannels * chunk)) < f32(nsteps * f32(16)) / ppn and chunk > 32768:
+            chunk //= 2
     return chunk // GRAIN[proto] * GRAIN[proto]
 
 
@@ -156,10 +168,11 @@ def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "
         count_lo -= excess
     grain = GRAIN[proto]
     elts_per_grain = grain // elt_size
-    chunk_count = calc_coll_chunking(t, func, algo, proto) // grain * elts_per_grain
+    global_bytes = elt_size * max_send_recv_count(func, n, 1)  # per element, not traffic (no x2 for AllReduce)
     parts = [count_lo] + [count_mid] * n_mid + ([count_hi] if cells_hi else [])
     works, offset = [], 0
-    for c, part in enumerate(parts):
+    for c, part in enumerate(parts):  # each part its own chunk: calcCollChunking(nChannels=1, its bytes)
+        chunk_count = calc_coll_chunking(t, func, algo, proto, global_bytes * part) // grain * elts_per_grain
         works.append(ChannelWork(channel_id + c, offset, part, chunk_count, count))
         offset += part
     return Plan(func, algo, proto, elt_size, count, n_max_ch, n_warps, tuple(works))
@@ -180,3 +193,14 @@ def ring_calls(func: str, nranks: int, work: ChannelWork, user_ranks, root: int)
     if func == "Broadcast":
         return (0 if nxt == root else loops), (0 if me == root else loops)
     return (0 if me == root else loops), (0 if prev == root else loops)  # Reduce
+
+
+def tree_calls(work: ChannelWork, tree) -> tuple[dict, dict]:
+    """({peer: steps} to send, {peer: steps} to receive) for Tree AllReduce on one channel (``ncclPatternTreeUpDown``:
+    up = recv from each of ``down[]`` and send to ``up``; down = send to each of ``down[]`` and recv from ``up``).
+    One step per chunk: nstepsPerLoop = nchunksPerLoop = 1."""
+    loops = div_up(work.part_count, work.chunk_count) if work.part_count else 0
+    if not loops:
+        return {}, {}
+    peers = list(tree.down) + ([tree.up] if tree.up != -1 else [])
+    return {p: loops for p in peers}, {p: loops for p in peers}

@@ -227,9 +227,11 @@ class Runner:
               f"warmup iters: {a.warmup_iters} iters: {a.iters} validation: {a.check}", file=out)
         print("#", file=out)
         sizes_ = sizes(self.args)
-        protos = sorted({comm.plan(self.func, self.counts(s)[0], self.dtype).proto for s in sizes_} or {"-"})
-        print(f"# Using devices  (nranks {comm.nranks}, nnodes {comm.nnodes}, nchannels {comm.nchannels}, algo Ring, "
-              f"proto {'/'.join(protos)}: NCCL's cost model per size, see --json)", file=out)
+        plans = [comm.plan(self.func, self.counts(s)[0], self.dtype) for s in sizes_]
+        algos = sorted({p.algo for p in plans} or {"-"}, reverse=True)
+        protos = sorted({p.proto for p in plans} or {"-"})
+        print(f"# Using devices  (nranks {comm.nranks}, nnodes {comm.nnodes}, nchannels {comm.nchannels}, algo "
+              f"{'/'.join(algos)}, proto {'/'.join(protos)}: NCCL's cost model per size, see --json)", file=out)
         for info in comm.peer_info:
             print(f"#  Rank {info['rank']:2d} Group  0 Pid {info['pid']:6d} on {info['host']:>10} device "
                   f"{comm.local_ranks.index(info['rank']) if info['rank'] in comm.local_ranks else 0:2d} [cpu]",

@@ -5,7 +5,9 @@ rebuilds from NCCL_FACTS §1.5, §3.1-3.5 and §5.1 (written independently of ``
 checks): the channel shrinking of ``topoGetAlgoInfo``, the CBD split of ``scheduleCollTasksToPlan``, the chunk of
 ``calcCollChunking``, the last-loop chunk of ``runRing``, and the summation order:
 
-* AllReduce chunk owned by ring position c: ``((x[c+1] + x[c+2]) + ... + x[c+n-1]) + x[c]``;
+* Ring AllReduce chunk owned by ring position c: ``((x[c+1] + x[c+2]) + ... + x[c+n-1]) + x[c]``;
+* Tree AllReduce (NCCL_FACTS §4.1), every element of channel c: ``S(root)`` of that channel's tree, where
+  ``S(v) = ((x[v] + S(down0)) + S(down1)) + S(down2)``; the chunking does not change the order;
 * ReduceScatter block of rank r and Reduce to root r: the same walk, starting after r and ending with r;
 * Avg: floats pre-multiply each input by ``1/n`` in the element type; integers divide the sum, truncating.
 """
@@ -26,14 +28,14 @@ def _ceil(a: int, b: int) -> int:
 
 
 def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, proto: str = "Simple",
-                  buffsize: int | None = None) -> list[tuple[int, int, int]]:
+                  buffsize: int | None = None, algo: str = "Ring", nnodes: int = 1) -> list[tuple[int, int, int]]:
     """[(start, length, chunkCount)] per channel, in elements of size ``elt``."""
     if count == 0:
         return []
     per_byte = {"AllReduce": 2, "AllGather": nranks, "ReduceScatter": nranks}.get(func, 1)
     moved = count * elt * (nranks if func in ("AllGather", "ReduceScatter") else 1)
     nthreads = 640 if proto == "LL128" else 512
-    threshold = {"Simple": 64, "LL128": 8, "LL": 8 * nranks}[proto]
+    threshold = {"Simple": 64, "LL128": 8, "LL": 8 * nranks if algo == "Ring" else 8}[proto]
     usable = nchannels
     while usable > 1 and moved < usable * nthreads * threshold:
         usable -= 1
@@ -57,13 +59,20 @@ def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, 
     sizes[-1] -= ncells * per_cell - count
     step = (buffsize or _STEP_BYTES[proto]) // 8
     if proto == "Simple":
-        chunk_bytes = step * (4 if func in ("AllReduce", "AllGather", "ReduceScatter") else 1)
+        ring_func = algo == "Ring" and func in ("AllReduce", "AllGather", "ReduceScatter")
+        chunk_bytes = step * (4 if ring_func else 1)
     else:
         chunk_bytes = step // 2 if proto == "LL" else step // 16 * 15
-    chunk = chunk_bytes // _GRAIN[proto] * (_GRAIN[proto] // elt)
     out, start = [], 0
     for size in sizes:
-        out.append((start, size, chunk))
+        cb = chunk_bytes
+        if algo == "Tree" and proto == "LL128":  # halve while the part is short of nsteps-worth of chunks
+            ppn = np.float32(nranks) / np.float32(nnodes)
+            nsteps = np.float32(1 + int(np.log2(nnodes)) + 0.1 * float(ppn))
+            for floor_bytes, factor in ((131072, 64), (32768, 16)):
+                while np.float32(size * elt // cb) < np.float32(nsteps * np.float32(factor)) / ppn and cb > floor_bytes:
+                    cb //= 2
+        out.append((start, size, cb // _GRAIN[proto] * (_GRAIN[proto] // elt)))
         start += size
     return out
 
@@ -103,13 +112,31 @@ def _walk(inputs, ranks_in_order: list[int], sl: slice, op: str, n: int) -> np.n
     return _postdiv(acc, op, n)
 
 
+def _tree_sum(inputs, tree: dict, v: int, sl: slice, op: str, n: int) -> np.ndarray:
+    """S(v): v's own input first, then each child's subtree sum in ``down[]`` order."""
+    acc = _premul(np.asarray(inputs[v][sl]), op, n)
+    for d in tree[v][1]:
+        acc = _FN[op](acc, _tree_sum(inputs, tree, d, sl, op, n))
+    return acc
+
+
 def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[int]] | None = None,
-               nchannels: int = 1, proto: str = "Simple", buffsize: int | None = None) -> np.ndarray:
+               nchannels: int = 1, proto: str = "Simple", buffsize: int | None = None, algo: str = "Ring",
+               trees: list[dict] | None = None) -> np.ndarray:
+    """``trees`` (Tree only): per channel ``{rank: (up, [down...])}``."""
     n = len(inputs)
     x0 = np.asarray(inputs[0])
     out = np.empty_like(x0)
     if n == 1:
         return _postdiv(_premul(x0.copy(), op, 1), op, 1)
+    if algo == "Tree":
+        for c, (start, length, _) in enumerate(channel_parts("AllReduce", x0.size, x0.itemsize, n, nchannels,
+                                                            proto, buffsize, "Tree")):
+            tree = {int(r): v for r, v in trees[c].items()}
+            root = next(r for r, (up, _) in tree.items() if up == -1)
+            sl = slice(start, start + length)
+            out[sl] = _postdiv(_tree_sum(inputs, tree, root, sl, op, n), op, n)
+        return out
     rings = rings or [list(range(n))]
     for c, (start, length, chunk) in enumerate(channel_parts("AllReduce", x0.size, x0.itemsize, n, nchannels,
                                                             proto, buffsize)):
@@ -136,7 +163,7 @@ def _along_ring_ending_at(ring: Sequence[int], last: int) -> list[int]:
 
 def reduce_scatter(inputs: Sequence[np.ndarray], rank: int, op: str = "sum",
                    rings: list[list[int]] | None = None, nchannels: int = 1, proto: str = "Simple",
-                   buffsize: int | None = None) -> np.ndarray:
+                   buffsize: int | None = None, algo: str = "Ring", trees=None) -> np.ndarray:
     n = len(inputs)
     x0 = np.asarray(inputs[0])
     count = x0.size // n
@@ -153,7 +180,8 @@ def reduce_scatter(inputs: Sequence[np.ndarray], rank: int, op: str = "sum",
 
 
 def reduce(inputs: Sequence[np.ndarray], root: int, op: str = "sum", rings: list[list[int]] | None = None,
-           nchannels: int = 1, proto: str = "Simple", buffsize: int | None = None) -> np.ndarray:
+           nchannels: int = 1, proto: str = "Simple", buffsize: int | None = None, algo: str = "Ring",
+           trees=None) -> np.ndarray:
     n = len(inputs)
     x0 = np.asarray(inputs[0])
     if n == 1:

@@ -89,8 +89,9 @@ def test_restrictions_and_no_choice():
     assert CostModel(EXAMPLE, proto_env="^LL").choose("AllReduce", 1 << 20)[:2] != ("Ring", "LL")
     with pytest.raises(tuning.TuningError):
         CostModel(EXAMPLE, algo_env="Tree").choose("Broadcast", 1 << 20)  # Broadcast is Ring-only
+    assert CostModel(cpu_lab(4), algo_env="Tree").choose("AllReduce", 1024)[0] == "Tree"  # the lab runs trees
     with pytest.raises(tuning.TuningError):
-        CostModel(cpu_lab(4), algo_env="Tree").choose("AllReduce", 1024)
+        CostModel(cpu_lab(4), algo_env="Tree").choose("ReduceScatter", 1024)            # but only for AllReduce
 
 
 def test_dgx_h100_large_ring_simple_prediction_within_10_percent_of_published():

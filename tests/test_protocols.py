@@ -206,7 +206,7 @@ def _ll_sender(monkeypatch, step: int):
 @pytest.mark.parametrize("step,cleaned", [(0x78, True), (0x7F, True), (0xF8, True), (0x77, False), (0x80, False)])
 def test_ll_store_cleans_the_rest_of_the_slot_on_clean_mask_steps(monkeypatch, step, cleaned):
     prims, conn = _ll_sender(monkeypatch, step)
-    prims.store(16)  # 2 lines of data in a 64-line slot
+    prims.store(0, 16)  # send peer 0: 2 lines of data in a 64-line slot
     words = conn.slot("LL", step, 1024).view(np.uint64)
     flags = (words >> np.uint64(32)).reshape(-1, 2)
     flag = (step + 1) % 256

@@ -19,10 +19,11 @@ def expected_send_chunks(n: int, k: int) -> list[int]:
                                                (3, 2, 400_001, "LL128")])
 def test_ring_allreduce_trace_matches_the_algorithm(tmp_path, n, nch, count, proto):
     run_ranks(n, "traced_allreduce", str(nch), str(count),
-              env={"NCCLLAB_TRACE": str(tmp_path), "NCCL_PROTO": proto})
+              env={"NCCLLAB_TRACE": str(tmp_path), "NCCL_PROTO": proto, "NCCL_ALGO": "Ring"})
     meta, events = export.load(str(tmp_path))
     rings = meta["rings"]
-    parts = reference.channel_parts("AllReduce", count, 4, n, nch, proto, meta["buff_sizes"][proto])
+    assert meta["nchannels"] == 2 * nch  # ncclTopoPostset doubles the search's channels
+    parts = reference.channel_parts("AllReduce", count, 4, n, meta["nchannels"], proto, meta["buff_sizes"][proto])
     prims = [e for e in events if e["kind"] == "prim" and e["seq"] == 0]
     steps = [e for e in events if e["kind"] == "step" and e["seq"] == 0]
     for rank in range(n):
@@ -76,8 +77,8 @@ def test_hang_report_names_the_stalled_rank(tmp_path):
 
 
 def test_net_proxy_ops_and_steps_are_traced(tmp_path):
-    run_ranks(4, "traced_allreduce", "1", "300000", env={"NCCLLAB_TRACE": str(tmp_path), "NCCL_PROTO": "Simple"},
-              nodes=2)
+    run_ranks(4, "traced_allreduce", "1", "300000", env={"NCCLLAB_TRACE": str(tmp_path), "NCCL_PROTO": "Simple",
+                                                         "NCCL_ALGO": "Ring", "NCCL_MAX_NCHANNELS": "1"}, nodes=2)
     meta, events = export.load(str(tmp_path))
     ops = [e for e in events if e["kind"] == "proxy_op" and e["seq"] == 0]
     steps = [e for e in events if e["kind"] == "proxy_step" and e["seq"] == 0]

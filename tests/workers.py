@@ -216,7 +216,7 @@ def auto_choice(args: list[str]) -> None:
     from collectives.graph.cost_model import CostModel
     from collectives.graph.presets import cpu_lab
     with collectives.Communicator() as comm:
-        model = CostModel(cpu_lab(comm.nranks, comm.nnodes, comm.nchannels), os.environ.get("NCCL_PROTO", ""),
+        model = CostModel(cpu_lab(comm.nranks, comm.nnodes, comm.nchannels // 2), os.environ.get("NCCL_PROTO", ""),
                           os.environ.get("NCCL_ALGO", ""))
         protos = set()
         for func, mult in (("AllReduce", 1), ("AllGather", comm.nranks), ("ReduceScatter", comm.nranks),
@@ -231,9 +231,29 @@ def auto_choice(args: list[str]) -> None:
     print(f"rank {comm.rank} ok {sorted(protos)}", flush=True)
 
 
+def tree_bitwise(args: list[str]) -> None:
+    """tree_bitwise PROTOS(json) COUNTS(json) DTYPES(json) OPS(json): with NCCL_ALGO=Tree in the environment, one
+    communicator per protocol; every AllReduce must run as Tree and match the tree reference bitwise."""
+    protos, counts, dtypes, ops = (json.loads(a) for a in args[:4])
+    seed = int.from_bytes(os.urandom(4), "little")
+    for proto in protos:
+        with collectives.Communicator(protocols=proto) as comm:
+            seed = comm.bootstrap.allgather_obj(seed)[0]
+            for count in counts:
+                for dtype in dtypes:
+                    if count:
+                        plan = comm.plan("AllReduce", count, DTYPES[dtype])
+                        assert (plan.algo, plan.proto) == ("Tree", proto), (plan.algo, plan.proto)
+                    for op in ops:
+                        check_all(comm, seed, dtype, count, ["allreduce"], op)
+                        seed += 101
+    print(f"rank {comm.rank} ok", flush=True)
+
+
 if __name__ == "__main__":
     # NCCL_SHM_DISABLE=1 on one emulated node only (the test names it), set before any communicator exists.
     node = os.environ.get("NCCLLAB_TEST_SHM_DISABLE_NODE")
     if node is not None and os.environ.get("NCCL_HOSTID") == f"nccllab-node{node}":
         os.environ["NCCL_SHM_DISABLE"] = "1"
     globals()[sys.argv[1]](sys.argv[2:])
+

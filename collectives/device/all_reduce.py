@@ -1,9 +1,15 @@
-"""Ring AllReduce, per channel (NCCL ``src/device/all_reduce.h``: ``runRing``).
+"""AllReduce per channel (NCCL ``src/device/all_reduce.h``: ``runRing``, ``runTreeUpDown``, ``runTreeSplit``).
 
-Per loop of ``nranks * chunkCount`` elements: one ``send``, n-2 ``recv_reduce_send`` (reduce-scatter),
+Ring: per loop of ``nranks * chunkCount`` elements, one ``send``, n-2 ``recv_reduce_send`` (reduce-scatter),
 ``recv_reduce_copy_send`` with the post-op (this rank's chunk is final), n-2 ``recv_copy_send`` (allgather),
 and a last ``recv``.  The chunk handled at each step rotates with ``ring.index``; the last loop shrinks
 ``chunkCount`` to ``alignUp(divUp(remCount, n), 16 / sizeof(T))``.
+
+Tree: a reduce up the tree and a broadcast down it, per chunk.  ``runTreeSplit`` (NCCL's default) runs the two
+as concurrent thread groups of one block; here they are two generators of the channel, stepped by the kernel
+side by side.  ``runTreeUpDown`` (NCCL only on CUDA 11.2-11.3, sm80+; ``NCCLLAB_TREE_UPDOWN=1`` here) runs the
+whole reduce, then the whole broadcast.  Deliberate difference: NCCL splits the block's threads 384/256 (Simple)
+or 448/192 (LL, LL128) between the groups; one CPU thread has no threads to split.
 """
 from __future__ import annotations
 
@@ -51,3 +57,68 @@ def locate(work, nranks: int, esize: int, prim: str, src_ix, dst_ix) -> tuple[in
     rem = work.part_count - loop * loop_count
     cc = work.chunk_count if rem >= loop_count else _align_up(-(-rem // nranks), 16 // esize)
     return loop, (r - loop * loop_count) // cc
+
+
+# --- Tree (NCCL ``runTreeUpDown`` / ``runTreeSplit``) ---------------------------------------------------------------
+# Same chunk on every rank (no rotation): loop ``elemOffset += chunkCount`` over the channel's part.  Summation
+# order: a rank reduces its input, then down[0], down[1], down[2] (reduceCopy's source order); the root adds its
+# own input first, applies the post-op, and what it computes is what every rank receives.
+
+def _tree_chunks(work):
+    off, end, cc = work.part_offset, work.part_offset + work.part_count, work.chunk_count
+    while off < end:
+        yield off, min(cc, end - off)
+        off += cc
+
+
+def run_tree_up_down_reduce(prims, tree, work):
+    """Phase 1 of ``runTreeUpDown`` (``FanAsymmetric<3, 1>``: recv from ``down[]``, send to ``up``)."""
+    for offset, nelem in _tree_chunks(work):
+        if tree.up == -1:
+            yield from prims.recv_reduce_copy(offset, offset, nelem, post_op=True)   # root: the result
+        elif not tree.down:
+            yield from prims.send(offset, nelem)                                      # leaf
+        else:
+            yield from prims.recv_reduce_send(offset, nelem)                          # middle
+
+
+def run_tree_up_down_broadcast(prims, tree, work):
+    """Phase 2 of ``runTreeUpDown`` (``FanAsymmetric<1, 3>``: recv from ``up``, send to ``down[]``)."""
+    for offset, nelem in _tree_chunks(work):
+        if tree.up == -1:
+            yield from prims.send_from_output(offset, nelem)
+        elif not tree.down:
+            yield from prims.recv(offset, nelem)
+        else:
+            yield from prims.recv_copy_send(offset, nelem)
+
+
+def run_tree_root(prims, work):
+    """``runTreeSplit`` at the root (``FanSymmetric<2>`` over ``down[]``): reduce the children into our input, store
+    the result (post-op applied) and send it straight back down, one call per chunk."""
+    for offset, nelem in _tree_chunks(work):
+        yield from prims.recv_reduce_copy_send(offset, offset, nelem, post_op=True)
+
+
+def run_tree_split_reduce(prims, tree, work):
+    """``runTreeSplit``'s first thread group (below ``nthreadsSplit``) at a non-root rank: reduce up."""
+    for offset, nelem in _tree_chunks(work):
+        if not tree.down:
+            yield from prims.send(offset, nelem)
+        else:
+            yield from prims.recv_reduce_send(offset, nelem)
+
+
+def run_tree_split_broadcast(prims, tree, work):
+    """``runTreeSplit``'s second thread group at a non-root rank: broadcast down, concurrently with the reduce."""
+    for offset, nelem in _tree_chunks(work):
+        if not tree.down:
+            yield from prims.recv(offset, nelem)
+        else:
+            yield from prims.recv_copy_send(offset, nelem)
+
+
+def locate_tree(work, prim: str, src_ix, dst_ix) -> tuple[int, int]:
+    """(loop, chunk) of a tree call: one chunk per loop; trace only."""
+    r = (dst_ix if dst_ix is not None else src_ix) - work.part_offset
+    return r // work.chunk_count, 0

@@ -24,6 +24,8 @@ from . import futex
 SPINS_BEFORE_YIELD = 4
 SPINS_BEFORE_SLEEP = 20  # oversubscribed only: sched_yield first, then sleep (measured best)
 CHECK_EVERY_S = 0.02
+# Thread groups of one channel (runTreeSplit's reduce-up and broadcast-down halves run side by side).
+GROUPS = {0: "", 1: "tree reduce", 2: "tree broadcast"}
 
 
 class CollectiveError(RuntimeError):
@@ -37,23 +39,24 @@ class Kernel:
         self.sleep = oversubscribed and futex.AVAILABLE
         self.tracer = None
         self.progress = 0
-        self.wait_state: dict[int, tuple] = {}
+        self.wait_state: dict[tuple, tuple] = {}
         self._health = health
         self.check_peer_op = check_peer_op
 
     def waiting(self, prims, what: str, peer: int, step: int, word=None, mark=None) -> None:
         """Record what a channel spins on (timeout message, hang report, the word to sleep on).  Only called
         while blocked, so it may cost a little."""
-        self.wait_state[prims.channel] = (what, peer, step, word, mark, prims.prim)
+        self.wait_state[(prims.channel, prims.group)] = (what, peer, step, word, mark, prims.prim)
         if prims.tracer is not None:
             prims.t_wait = now()
 
     def describe_wait(self) -> str:
         parts = []
-        for ch, (what, peer, step, _, _, _) in sorted(self.wait_state.items()):
+        for (ch, group), (what, peer, step, _, _, prim) in sorted(self.wait_state.items()):
             side = (f"head from rank {peer} (send credit)" if what == "head" else
                     f"{what} from rank {peer} (recv)")  # tail, or an LL / LL128 flag
-            parts.append(f"channel {ch} step {step} waiting for {side}")
+            where = f" ({GROUPS[group]}, {prim})" if group else ""
+            parts.append(f"channel {ch}{where} step {step} waiting for {side}")
         return "; ".join(parts) or "no wait recorded"
 
     def _arm(self):

@@ -2,7 +2,11 @@
 
 ``send``, ``recv``, ``recv_reduce_send``, ``recv_reduce_copy``, ``recv_reduce_copy_send``, ``recv_copy_send`` and
 ``copy_send`` are all one ``generic_op(src, dst, nelem, recv, send, post_op)`` of the protocol (``prims_simple``,
-``prims_ll``, ``prims_ll128``).  NCCL's ``direct*`` variants map to the plain ones, as ``PrimitivesWithoutDirect``
+``prims_ll``, ``prims_ll128``).  Like NCCL's ``Fan`` template argument, a primitives object may receive from several
+peers and send to several (``FanAsymmetric<3, 1>`` for a tree's reduce, ``<1, 3>`` for its broadcast): the reduction
+takes ``[local input, recv peer 0, 1, 2]`` in that order and the result goes to every send peer.  Each connection
+keeps its own step counter (a ring and a tree may share a connector); inside one primitives object all of them
+advance together, so we keep peer 0's step and each other peer's fixed offset from it.  NCCL's ``direct*`` variants map to the plain ones, as ``PrimitivesWithoutDirect``
 does for LL/LL128: no registered user buffers here.  Each ``generic_op`` is a generator that yields whenever it
 would spin, recording what it waits for with the kernel.
 """
@@ -32,20 +36,32 @@ class Primitives:
     t_mark = 0   # tracing: when the previous slice/step of this channel ended (the next one starts there)
     t_wait = 0   # tracing: the last moment a wait of this channel was still waiting
 
-    def __init__(self, kernel, channel: int, recv: Connector | None, send: Connector | None,
-                 sendbuff: np.ndarray, recvbuff: np.ndarray, op: RedOp):
-        self.kernel, self.channel = kernel, channel
-        self.recv_conn, self.send_conn = recv, send
+    def __init__(self, kernel, channel: int, recv, send, sendbuff: np.ndarray, recvbuff: np.ndarray, op: RedOp,
+                 group: int = 0):
+        self.kernel, self.channel, self.group = kernel, channel, group
+        self.recv_conns: list[Connector] = _peers(recv)
+        self.send_conns: list[Connector] = _peers(send)
+        self.recv_conn = self.recv_conns[0] if self.recv_conns else None  # peer 0 (the only one on a ring)
+        self.send_conn = self.send_conns[0] if self.send_conns else None
         self.input, self.output, self.op = sendbuff, recvbuff, op
         self.esize = sendbuff.dtype.itemsize
         self._checked_prev = False
         self.tracer = kernel.tracer  # None unless NCCLLAB_TRACE
-        if recv is not None:
-            self.recv_step = recv.step
-        if send is not None:
-            self.send_step = send.step
+        if self.recv_conns:
+            self.recv_step = self.recv_conn.step
+            self.recv_delta = [c.step - self.recv_step for c in self.recv_conns]
+        if self.send_conns:
+            self.send_step = self.send_conn.step
+            self.send_delta = [c.step - self.send_step for c in self.send_conns]
 
     # --- the names NCCL's algorithms use (one generic_op each; the traced path only when tracing) ---
+    def send_from_output(self, out: int, nelem: int):
+        """``directSendFromOutput``: send what the output already holds (the tree root's broadcast)."""
+        self.prim = "send_from_output"
+        if self.tracer is None:
+            return self.generic_op(out, None, nelem, False, True, False, True)
+        return self._traced(out, None, nelem, False, True, False, True)
+
     def send(self, inp: int, nelem: int):
         self.prim = "send"
         if self.tracer is None:
@@ -88,11 +104,11 @@ class Primitives:
             return self.generic_op(None, out, nelem, True, True, False)
         return self._traced(None, out, nelem, True, True, False)
 
-    def _traced(self, src_ix, dst_ix, nelem, recv, send, post_op):
+    def _traced(self, src_ix, dst_ix, nelem, recv, send, post_op, from_output=False):
         t0 = self.t_mark = now()
         if self.locate is not None:
             self.loop, self.chunk = self.locate(self.prim, src_ix, dst_ix)
-        yield from self.generic_op(src_ix, dst_ix, nelem, recv, send, post_op)
+        yield from self.generic_op(src_ix, dst_ix, nelem, recv, send, post_op, from_output)
         offset = src_ix if src_ix is not None else dst_ix
         self.tracer.add("prim", self.kernel.op_count, self.channel, self.prim, self.peer(recv, send)[0],
                         self.peer(recv, send)[1], self.loop, self.chunk, offset, max(nelem, 0), t0, now())
@@ -109,48 +125,63 @@ class Primitives:
                         slice_ix, step % NCCL_STEPS, step, offset, nelem, nbytes, t0, t_ready, t1)
         self.t_mark = t1
 
-    def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool):
+    def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool,
+                   from_output: bool = False):
+        """``from_output``: the source is the output buffer, with no pre-op (``directSendFromOutput``)."""
         raise NotImplementedError
+
+    def source(self, src_ix: int, n: int, from_output: bool) -> np.ndarray:
+        return (self.output if from_output else self.input)[src_ix:src_ix + n]
 
     # --- shared pieces ---
     def finish(self) -> None:
-        """Destructor: save the step counters into the connectors for the next collective."""
-        if self.recv_conn is not None:
-            self.recv_conn.step = self.recv_step
-        if self.send_conn is not None:
-            self.send_conn.step = self.send_step
+        """Destructor: save every connection's step counter for the next collective."""
+        for conn, delta in zip(self.recv_conns, getattr(self, "recv_delta", ())):
+            conn.step = self.recv_step + delta
+        for conn, delta in zip(self.send_conns, getattr(self, "send_delta", ())):
+            conn.step = self.send_step + delta
 
     def wait_send_credit(self, steps: int):
-        """``waitSend``: at most NCCL_STEPS steps in flight, ``head + NCCL_STEPS >= step + steps``."""
-        sconn = self.send_conn
-        target = self.send_step + steps
-        while int(sconn.head[0]) + NCCL_STEPS < target:
-            self.kernel.waiting(self, "head", sconn.peer, self.send_step, sconn.head, sconn.head_sleep)
-            yield
+        """``waitSend``, per send peer: at most NCCL_STEPS steps in flight, ``head + NCCL_STEPS >= step + steps``."""
+        for sconn, delta in zip(self.send_conns, self.send_delta):
+            target = self.send_step + delta + steps
+            while int(sconn.head[0]) + NCCL_STEPS < target:
+                self.kernel.waiting(self, "head", sconn.peer, self.send_step + delta, sconn.head, sconn.head_sleep)
+                yield
 
     def first_recv_done(self) -> None:
-        """Before using a peer's first data of this collective, check it runs the same collective."""
+        """Before using the peers' first data of this collective, check they run the same collective."""
         if not self._checked_prev:
-            self.kernel.check_peer_op(self.recv_conn.peer)
+            for conn in self.recv_conns:
+                self.kernel.check_peer_op(conn.peer)
             self._checked_prev = True
 
-    def post_head(self, step: int) -> None:
-        """postRecv: free the slots up to ``step``; wake the sender if it sleeps on head."""
-        conn = self.recv_conn
-        conn.head[0] = step
-        if conn.head_sleep[0]:
-            futex.wake(conn.head_addr)
+    def post_heads(self) -> None:
+        """postRecv on every recv peer: free the slots up to its step; wake the sender if it sleeps on head."""
+        for conn, delta in zip(self.recv_conns, self.recv_delta):
+            conn.head[0] = self.recv_step + delta
+            if conn.head_sleep[0]:
+                futex.wake(conn.head_addr)
 
-    def post_tail(self, step: int) -> None:
-        """postSend (Simple): publish ``step`` after the data (x86 keeps stores in order)."""
-        conn = self.send_conn
-        conn.tail[0] = step
-        if conn.tail_sleep[0]:
-            futex.wake(conn.tail_addr)
+    def post_tails(self) -> None:
+        """postSend (Simple) on every send peer: publish its step after the data (x86 keeps stores in order)."""
+        for conn, delta in zip(self.send_conns, self.send_delta):
+            conn.tail[0] = self.send_step + delta
+            if conn.tail_sleep[0]:
+                futex.wake(conn.tail_addr)
 
-    def ring_doorbell(self) -> None:
+    @staticmethod
+    def ring_doorbell(conn: Connector) -> None:
         """LL/LL128 have no tail; if the reader sleeps, bump its doorbell and wake it (ours, see futex.py)."""
-        conn = self.send_conn
         if conn.tail_sleep[0]:
             conn.doorbell[0] += 1
             futex.wake(conn.bell_addr)
+
+
+def _peers(conns) -> list:
+    """``None``, one connector, or NCCL's ``down[]``-style list (entries of -1 / None are absent peers)."""
+    if conns is None:
+        return []
+    if isinstance(conns, Connector):
+        return [conns]
+    return [c for c in conns if c is not None]

@@ -35,16 +35,16 @@ def ll_flag(step: int) -> int:
 class PrimitivesLL(Primitives):
     proto = "LL"
 
-    def __init__(self, kernel, channel, recv, send, sendbuff, recvbuff, op):
-        super().__init__(kernel, channel, recv, send, sendbuff, recvbuff, op)
-        conn = recv or send
+    def __init__(self, kernel, channel, recv, send, sendbuff, recvbuff, op, group: int = 0):
+        super().__init__(kernel, channel, recv, send, sendbuff, recvbuff, op, group)
+        conn = self.recv_conn or self.send_conn
         self.step_bytes = conn.step_size(self.proto)
         self.max_words = self.max_data_bytes() // 8
-        # recv and send staging must not alias: a recv_reduce_send reads one while filling the other
-        self.rbuf = recv.staging(self.proto, self.max_words) if recv is not None else None
-        self.sbuf = send.staging(self.proto, self.max_words) if send is not None else None
-        self.rbytes = self.rbuf.view(np.uint8) if recv is not None else None
-        self.sbytes = self.sbuf.view(np.uint8) if send is not None else None
+        # One unpacked buffer per recv peer, one packed source for all send peers; recv and send staging must
+        # not alias: a recv_reduce_send reads one while filling the other.
+        self.rbufs = [c.staging(self.proto, self.max_words) for c in self.recv_conns]
+        self.sbuf = self.send_conn.staging(self.proto, self.max_words) if self.send_conns else None
+        self.sbytes = self.sbuf.view(np.uint8) if self.send_conns else None
 
     def max_data_bytes(self) -> int:
         return self.step_bytes // 2
@@ -52,7 +52,8 @@ class PrimitivesLL(Primitives):
     def slot_words(self, conn, step: int) -> np.ndarray:
         return conn.words[self.proto][step % NCCL_STEPS]
 
-    def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool):
+    def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool,
+                   from_output: bool = False):
         """``LLGenericOp<RECV, SEND, SrcBuf, DstBuf>``: one step per call, even for nelem = 0."""
         nelem = max(nelem, 0)
         nbytes = nelem * self.esize
@@ -65,12 +66,13 @@ class PrimitivesLL(Primitives):
             yield from self.wait_send_credit(1)
         srcs, dsts = [], []
         if src_ix is not None:
-            srcs.append(self.input[src_ix:src_ix + nelem])
+            srcs.append(self.source(src_ix, nelem, from_output))
         if recv:
-            yield from self.receive(nbytes)
+            for i in range(len(self.recv_conns)):  # readLL from each peer in turn (NCCL: peer 0, then 1, 2)
+                yield from self.receive(i, nbytes)
+                srcs.append(self.rbufs[i].view(np.uint8)[:nbytes].view(dtype))
             if nbytes:  # an empty LL receive does not wait for the sender: nothing proves it is here yet
                 self.first_recv_done()
-            srcs.append(self.rbytes[:nbytes].view(dtype))
         if dst_ix is not None:
             dsts.append(self.output[dst_ix:dst_ix + nelem])
         if send:
@@ -79,14 +81,15 @@ class PrimitivesLL(Primitives):
                 self.sbuf[nbytes // 8:nwords] = 0  # zero the padding of the last unit
             dsts.append(self.sbytes[:nbytes].view(dtype))
         if nelem:
-            reduce_copy(self.op, srcs, dsts, pre_op=src_ix is not None, post_op=post_op)
+            reduce_copy(self.op, srcs, dsts, pre_op=src_ix is not None and not from_output, post_op=post_op)
         if send:
-            self.store(nbytes)
-            self.ring_doorbell()
+            for i, conn in enumerate(self.send_conns):
+                self.store(i, nbytes)
+                self.ring_doorbell(conn)
             self.send_step += 1
         if recv:
             self.recv_step += 1
-            self.post_head(self.recv_step)
+            self.post_heads()
         self.kernel.progress += 1
         if tracing:
             base = src_ix if src_ix is not None else dst_ix
@@ -96,26 +99,29 @@ class PrimitivesLL(Primitives):
     def padded_words(self, nbytes: int) -> int:
         return div_up(nbytes, 8)
 
-    def receive(self, nbytes: int):
-        """``readLL`` over every line of the call, resumable: yields until all lines carry the current flag."""
-        conn, nlines = self.recv_conn, div_up(nbytes, 8)
-        words, flag = self.slot_words(conn, self.recv_step), ll_flag(self.recv_step)
+    def receive(self, i: int, nbytes: int):
+        """``readLL`` over every line from recv peer ``i``, resumable: yields until all carry the current flag."""
+        conn, nlines = self.recv_conns[i], div_up(nbytes, 8)
+        step = self.recv_step + self.recv_delta[i]
+        words, flag, rbuf = self.slot_words(conn, step), ll_flag(step), self.rbufs[i]
         done = 0
         while True:
-            done = K.ll_poll_unpack(words, self.rbuf, done, nlines, flag)
+            done = K.ll_poll_unpack(words, rbuf, done, nlines, flag)
             if done == nlines:
                 return
-            self.kernel.waiting(self, "LL flag", conn.peer, self.recv_step, conn.doorbell, conn.tail_sleep)
+            self.kernel.waiting(self, "LL flag", conn.peer, step, conn.doorbell, conn.tail_sleep)
             yield
 
-    def store(self, nbytes: int) -> None:
-        """``storeLL`` of every line, then the cleanup of ``incSend`` on clean-mask steps.  A proxied connection
-        learns the size from ``connFifo`` (the whole step on a clean step) and waits for the lines' flags."""
-        conn, nlines = self.send_conn, div_up(nbytes, 8)
-        words, flag = self.slot_words(conn, self.send_step), ll_flag(self.send_step)
-        clean = (self.send_step & LL_CLEAN_MASK) == LL_CLEAN_MASK
+    def store(self, i: int, nbytes: int) -> None:
+        """``storeLL`` of every line to send peer ``i``, then the cleanup of ``incSend`` on clean-mask steps.  A
+        proxied connection learns the size from ``connFifo`` (the whole step on a clean step) and waits for the
+        lines' flags."""
+        conn, nlines = self.send_conns[i], div_up(nbytes, 8)
+        step = self.send_step + self.send_delta[i]
+        words, flag = self.slot_words(conn, step), ll_flag(step)
+        clean = (step & LL_CLEAN_MASK) == LL_CLEAN_MASK
         if conn.conn_fifo is not None:
-            conn.conn_fifo[self.send_step % NCCL_STEPS] = self.step_bytes if clean else nlines * 16
+            conn.conn_fifo[step % NCCL_STEPS] = self.step_bytes if clean else nlines * 16
         K.ll_pack(words, self.sbuf, nlines, flag)
         if clean:
             K.ll_fill(words, nlines, self.step_bytes // 16, flag)

@@ -32,28 +32,30 @@ class PrimitivesLL128(PrimitivesLL):
     def padded_words(self, nbytes: int) -> int:
         return div_up(nbytes, SLICE_DATA) * K.LL128_DATA_WORDS
 
-    def receive(self, nbytes: int):
-        conn, nslices = self.recv_conn, div_up(nbytes, SLICE_DATA)
-        wire, flag = self.slot_words(conn, self.recv_step), np.uint64(self.recv_step + 1)
+    def receive(self, i: int, nbytes: int):
+        conn, nslices = self.recv_conns[i], div_up(nbytes, SLICE_DATA)
+        step = self.recv_step + self.recv_delta[i]
+        wire, flag, rbuf = self.slot_words(conn, step), np.uint64(step + 1), self.rbufs[i]
         ready, unpacked = 0, 0
         while True:
             ready = K.ll128_ready(wire, ready, nslices * 16, flag)
             full = ready // 16
             if full > unpacked:
-                K.ll128_unpack(wire, self.rbuf, unpacked, full, K.LL128_PERM)
+                K.ll128_unpack(wire, rbuf, unpacked, full, K.LL128_PERM)
                 unpacked = full
             if unpacked == nslices:
                 return
-            self.kernel.waiting(self, "LL128 flag", conn.peer, self.recv_step, conn.doorbell, conn.tail_sleep)
+            self.kernel.waiting(self, "LL128 flag", conn.peer, step, conn.doorbell, conn.tail_sleep)
             yield
 
-    def store(self, nbytes: int) -> None:
+    def store(self, i: int, nbytes: int) -> None:
         nslices = div_up(nbytes, SLICE_DATA)
-        conn = self.send_conn
-        wire = self.slot_words(conn, self.send_step)
+        conn = self.send_conns[i]
+        step = self.send_step + self.send_delta[i]
+        wire = self.slot_words(conn, step)
         if conn.conn_fifo is not None:
-            conn.conn_fifo[self.send_step % 8] = nslices * 2048
+            conn.conn_fifo[step % 8] = nslices * 2048
         K.ll128_pack(wire, self.sbuf, nslices, K.LL128_PERM)
-        K.ll128_set_flags(wire, nslices * 16, np.uint64(self.send_step + 1))
+        K.ll128_set_flags(wire, nslices * 16, np.uint64(step + 1))
         if conn.conn_fifo is not None:  # proxied: also publish tail (NCCL: fence, then tail += 1)
-            conn.tail[0] = self.send_step + 1
+            conn.tail[0] = step + 1

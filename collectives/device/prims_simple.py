@@ -24,57 +24,64 @@ class PrimitivesSimple(Primitives):
     proto = "Simple"
 
     def __init__(self, kernel, channel, recv, send, sendbuff, recvbuff, op, slice_per_chunk: int,
-                 step_per_slice: int):
-        super().__init__(kernel, channel, recv, send, sendbuff, recvbuff, op)
+                 step_per_slice: int, group: int = 0):
+        super().__init__(kernel, channel, recv, send, sendbuff, recvbuff, op, group)
         self.spc, self.sps = slice_per_chunk, step_per_slice
         chunk_steps = slice_per_chunk * step_per_slice
-        conn = recv or send
+        conn = self.recv_conn or self.send_conn
         self.step_elems = conn.step_size("Simple") // self.esize
-        if recv is not None:
-            self.recv_step = div_up(recv.step, chunk_steps) * chunk_steps
-            self.post_head(self.recv_step)  # return the credit of the steps we skipped
-        if send is not None:
-            self.send_step = div_up(send.step, chunk_steps) * chunk_steps
+        if self.recv_conns:
+            self.recv_step = div_up(self.recv_step, chunk_steps) * chunk_steps
+            self.recv_delta = [div_up(c.step, chunk_steps) * chunk_steps - self.recv_step for c in self.recv_conns]
+            self.post_heads()  # return the credit of the steps we skipped
+        if self.send_conns:
+            self.send_step = div_up(self.send_step, chunk_steps) * chunk_steps
+            self.send_delta = [div_up(c.step, chunk_steps) * chunk_steps - self.send_step for c in self.send_conns]
 
-    def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool):
+    def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool,
+                   from_output: bool = False):
         """``genericOp<DirectRecv, DirectSend, Recv, Send, Src, Dst>``."""
         kernel, spc, sps = self.kernel, self.spc, self.sps
         nelem = max(nelem, 0)
         slice_size = max(div_up(nelem, 16 * spc) * 16, self.step_elems * sps // 32)
         esize, dtype, offset = self.esize, self.input.dtype, 0
-        rconn, sconn = self.recv_conn, self.send_conn
         tracing = self.tracer is not None
         for slice_ix in range(spc):
             real = max(0, min(slice_size, nelem - offset))
             step = self.recv_step if recv else self.send_step
-            if recv:
-                target = self.recv_step + sps
-                while int(rconn.tail[0]) < target:
-                    kernel.waiting(self, "tail", rconn.peer, self.recv_step, rconn.tail, rconn.tail_sleep)
-                    yield
+            if recv:  # waitPeer: every recv peer has filled this slice
+                for rconn, delta in zip(self.recv_conns, self.recv_delta):
+                    target = self.recv_step + delta + sps
+                    while int(rconn.tail[0]) < target:
+                        kernel.waiting(self, "tail", rconn.peer, self.recv_step + delta, rconn.tail,
+                                       rconn.tail_sleep)
+                        yield
                 self.first_recv_done()
-            if send:
+            if send:  # ... and every send peer has room for it
                 yield from self.wait_send_credit(sps)
-                if sconn.conn_fifo is not None:  # a proxy sends this slice: tell it the size
-                    sconn.conn_fifo[self.send_step % 8] = real * esize
+                for sconn, delta in zip(self.send_conns, self.send_delta):
+                    if sconn.conn_fifo is not None:  # a proxy sends this slice: tell it the size
+                        sconn.conn_fifo[(self.send_step + delta) % 8] = real * esize
             if real:
                 nbytes = real * esize
                 srcs, dsts = [], []
                 if src_ix is not None:
-                    srcs.append(self.input[src_ix + offset:src_ix + offset + real])
+                    srcs.append(self.source(src_ix + offset, real, from_output))
                 if recv:
-                    srcs.append(rconn.slot("Simple", self.recv_step, nbytes).view(dtype))
+                    for rconn, delta in zip(self.recv_conns, self.recv_delta):
+                        srcs.append(rconn.slot("Simple", self.recv_step + delta, nbytes).view(dtype))
                 if dst_ix is not None:
                     dsts.append(self.output[dst_ix + offset:dst_ix + offset + real])
                 if send:
-                    dsts.append(sconn.slot("Simple", self.send_step, nbytes).view(dtype))
-                reduce_copy(self.op, srcs, dsts, pre_op=src_ix is not None, post_op=post_op)
+                    for sconn, delta in zip(self.send_conns, self.send_delta):
+                        dsts.append(sconn.slot("Simple", self.send_step + delta, nbytes).view(dtype))
+                reduce_copy(self.op, srcs, dsts, pre_op=src_ix is not None and not from_output, post_op=post_op)
             if recv:
                 self.recv_step += sps
-                self.post_head(self.recv_step)
+                self.post_heads()
             if send:
                 self.send_step += sps
-                self.post_tail(self.send_step)
+                self.post_tails()
             kernel.progress += 1
             if tracing:
                 base = src_ix if src_ix is not None else dst_ix

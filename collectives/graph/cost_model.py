@@ -211,6 +211,10 @@ class CostModel:
                         if a < 2:
                             self.bw[func][a][p] = f32(0.0)
 
+    def algo_usable(self, func: str, algo: str) -> bool:
+        """The machine runs ``algo`` and ``NCCL_ALGO`` allows it for ``func``."""
+        return algo in self.m.algorithms and self.algo_enable[func][algo]
+
     def time(self, func: str, a: int, p: int, nbytes: int, num_pipe_ops: int = 1) -> float:
         """``ncclTopoGetAlgoTime`` (µs); -1 when unavailable."""
         if a >= 2:

@@ -45,19 +45,22 @@ def pcie_box(gpus: int = 8, comp_cap: int = 89) -> Machine:
 
 
 # This lab's transports: SHM through host memory (path PHB, so NCCL's PCI latency row), no GPU (compute
-# capability 0, so LL128 is off unless NCCL_PROTO names it), Ring only until trees land.  The tuner constants are
-# replaced by values measured here, as a tuner plugin would: base latency + 3 us per ring step.
+# capability 0, so LL128 is off unless NCCL_PROTO names it).  The tuner constants are replaced by values measured
+# here, as a tuner plugin would: base latency + 3 us per ring or tree step, the same for Ring and Tree.
 CPU_CONSTANTS = TunerConstants(
     base_latencies=((25.9, 30.3, 23.3), (25.9, 30.3, 23.3), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0)),
     hw_latencies=tuple(tuple((3.0, 3.0, 3.0) if a < 2 else (0, 0, 0) for a in range(7)) for _ in range(3)),
 )
 
 
-def cpu_lab(nranks: int, nodes: int = 1, nchannels: int = 1, bw_per_channel: float = 6.0) -> Machine:
+def cpu_lab(nranks: int, nodes: int = 1, nchannels: int = 1, comm_channels: int | None = None,
+            bw_per_channel: float = 6.0) -> Machine:
+    """``nchannels``: the channels the search would find (one ring per channel); ``comm_channels``: after
+    ``ncclTopoPostset`` doubles them (default 2x)."""
     g = Graph(nchannels, bw_per_channel, bw_per_channel, "PHB", "PHB")
     return Machine(f"cpu-lab n={nranks}", nodes, max(1, nranks // max(1, nodes)), 0, ring=g, tree=g,
-                   cpu_vendor="amd", comm_channels=nchannels, algorithms=("Ring",), constants=CPU_CONSTANTS,
-                   sources={"constants": SOURCES["cpu-lab"]})
+                   cpu_vendor="amd", comm_channels=comm_channels or min(64, 2 * nchannels),
+                   algorithms=("Tree", "Ring"), constants=CPU_CONSTANTS, sources={"constants": SOURCES["cpu-lab"]})
 
 
 PRESETS = {"dgx-a100": dgx_a100, "dgx-h100": dgx_h100, "pcie": pcie_box, "cpu": cpu_lab}
