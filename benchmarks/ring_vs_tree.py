@@ -12,6 +12,7 @@ pick at that size.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -57,8 +58,10 @@ def main() -> int:
     while s <= a.e:
         sizes.append(s)
         s *= a.f
-    comms = {algo: collectives.Communicator(algorithms=algo, protocols=a.proto) for algo in ("Ring", "Tree")}
-    ring, tree = comms["Ring"], comms["Tree"]
+    ring = collectives.Communicator(algorithms="Ring", protocols=a.proto)
+    os.environ.pop("NCCL_COMM_ID", None)  # the launcher's fixed root address is taken: rank 0 opens a new root
+    uid = ring.bootstrap.allgather_obj(collectives.get_unique_id().to_bytes() if ring.rank == 0 else None)[0]
+    tree = collectives.Communicator(uid, ring.nranks, ring.rank, algorithms="Tree", protocols=a.proto)
     n = ring.nranks
     rng = np.random.default_rng([7, ring.rank])
     xs = ring.bootstrap.allgather_obj(rng.uniform(-1, 1, a.e // 4).astype(np.float32))

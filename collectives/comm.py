@@ -145,6 +145,8 @@ class Communicator:
         if self.rank == 0:
             for ch in self.channels:
                 debug.info("INIT", ring_log_line(ch.id, self.nchannels, list(ch.ring.order)))
+        for ch in self.channels:
+            debug.info("GRAPH", f"Ring {ch.id:02d} : {ch.ring.prev} -> {self.rank} -> {ch.ring.next}")
         debug.info("INIT", trees_log_line(self.rank, self.trees))
         self._connect_status()
         if self.nranks > 1:
@@ -189,6 +191,7 @@ class Communicator:
                 "node_of_rank": self.node_of_rank,
                 "hosts": [p["host"] for p in self.peer_info], "pids": [p["pid"] for p in self.peer_info],
                 "rings": self.rings, "buff_sizes": self.buff_sizes,
+                "trees": [{r: (t.up, list(t.down)) for r, t in tree.items()} for tree in self.trees],
                 "transports": [ch.send.transport if ch.send else None for ch in self.channels],
                 "net": bool(self.net_connections)}
 
@@ -445,8 +448,7 @@ class Communicator:
         """What ``collectives.reference`` needs to reproduce this call (the protocol depends on its size)."""
         plan = self.plan(func, count, dtype)
         return {"rings": self.rings, "nchannels": self.nchannels, "proto": plan.proto, "algo": plan.algo,
-                "buffsize": self.buff_sizes[plan.proto],
-                "trees": [{r: (t.up, list(t.down)) for r, t in tree.items()} for tree in self.trees]}
+                "buffsize": self.buff_sizes[plan.proto], "trees": self.describe()["trees"]}
 
     @property
     def rings(self) -> list[list[int]]:

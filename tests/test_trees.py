@@ -76,6 +76,33 @@ def test_replay_real_nccl_logs(path):
     assert rep["inter_matched"] == rep["inter_links"]
 
 
+def test_replay_real_two_node_h100_log_from_nccl_tests_issue_319():
+    """A real multi-node log from NVIDIA's tracker (nccl-tests#319: 2 nodes x 8 H100, NCCL 2.26.2, 16 channels;
+    the tree search chains channel c's GPUs c, c+1, ..., 7, 0, ... so intra-node chains are not the rings')."""
+    rep = replay((ROOT / "tests" / "data" / "nccl_tests_319_2x8_h100_trees.log").read_text())
+    assert (rep["nranks"], rep["nnodes"], rep["channels"]) == (16, 2, 16)
+    assert rep["matched"] == rep["entries"] == 16 * 16, rep["mismatches"][:5]
+    assert rep["inter_matched"] == rep["inter_links"] == 32
+    assert rep["pattern"] == "BALANCED_TREE"
+
+
+def test_replay_real_four_node_collnet_log_from_nccl_tests_issue_311():
+    """nccl-tests#311: 4 nodes x 2 A100, NCCL 2.23.4 with CollNet on: 3 channels, i.e. Postset's 2 (tree 0, tree 1)
+    plus a CollNet copy of channel 0.  Only BALANCED_TREE reproduces it (TREE and SPLIT_TREE attach elsewhere)."""
+    rep = replay((ROOT / "tests" / "data" / "nccl_tests_311_4x2_a100_collnet_trees.log").read_text())
+    assert (rep["nranks"], rep["nnodes"], rep["channels"], rep["doubled"]) == (8, 4, 3, 2)
+    assert rep["matched"] == rep["entries"] == 24, rep["mismatches"][:5]
+    assert rep["inter_matched"] == rep["inter_links"] == 18
+    assert rep["pattern"] == "BALANCED_TREE" and rep["patterns"]["TREE"] < 24 and rep["patterns"]["SPLIT_TREE"] < 24
+
+
+def test_tree_index_of_doubled_and_copied_channels():
+    from collectives.graph.replay import tree_index
+    assert [tree_index(c, 4) for c in range(6)] == [0, 0, 1, 1, 0, 0]      # 4 doubled, then copies of 0 and 1
+    assert [tree_index(c, 2) for c in range(3)] == [0, 1, 0]               # CollNet's n + n/2 with n = 2
+    assert [tree_index(c, 8) for c in range(16)] == [0] * 4 + [1] * 4 + [0] * 4 + [1] * 4  # Hopper x2 copy
+
+
 @pytest.mark.parametrize("nranks,nodes,rings", [(4, 2, ""), (8, 4, "0 1 2 3 4 5 6 7|0 1 3 2 5 4 7 6")])
 def test_replay_our_own_logs(tmp_path, nranks, nodes, rings):
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_DEBUG_FILE": str(tmp_path / "log.%p")}

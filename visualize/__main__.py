@@ -24,7 +24,10 @@ def _trace(directory: str):
 
 
 def _trees_from_meta(meta: dict):
-    from collectives.graph.trees import channel_trees
+    """Every channel's tree as the communicator built it (channel c + n: tree 1 of ring c)."""
+    if "trees" in meta:
+        return [{int(r): (up, list(down)) for r, (up, down) in t.items()} for t in meta["trees"]]
+    from collectives.graph.trees import channel_trees  # traces written before the trees were recorded
     tl = channel_trees(meta["rings"], meta["node_of_rank"])
     return [{r: (node.up, list(node.down)) for r, node in t.items()} for t in tl]
 

@@ -37,7 +37,8 @@ class Primitives:
     t_wait = 0   # tracing: the last moment a wait of this channel was still waiting
 
     def __init__(self, kernel, channel: int, recv, send, sendbuff: np.ndarray, recvbuff: np.ndarray, op: RedOp,
-                 group: int = 0):
+                 group: int = 0, chunk_steps: int = 1):
+        """``chunk_steps``: each connection's step starts rounded up to a multiple of it (Simple's ``roundUp``)."""
         self.kernel, self.channel, self.group = kernel, channel, group
         self.recv_conns: list[Connector] = _peers(recv)
         self.send_conns: list[Connector] = _peers(send)
@@ -47,12 +48,9 @@ class Primitives:
         self.esize = sendbuff.dtype.itemsize
         self._checked_prev = False
         self.tracer = kernel.tracer  # None unless NCCLLAB_TRACE
-        if self.recv_conns:
-            self.recv_step = self.recv_conn.step
-            self.recv_delta = [c.step - self.recv_step for c in self.recv_conns]
-        if self.send_conns:
-            self.send_step = self.send_conn.step
-            self.send_delta = [c.step - self.send_step for c in self.send_conns]
+        # (connector, its step minus peer 0's step) per peer: the hot loops walk these
+        self.recv_pairs, self.recv_step = _steps(self.recv_conns, chunk_steps)
+        self.send_pairs, self.send_step = _steps(self.send_conns, chunk_steps)
 
     # --- the names NCCL's algorithms use (one generic_op each; the traced path only when tracing) ---
     def send_from_output(self, out: int, nelem: int):
@@ -136,14 +134,14 @@ class Primitives:
     # --- shared pieces ---
     def finish(self) -> None:
         """Destructor: save every connection's step counter for the next collective."""
-        for conn, delta in zip(self.recv_conns, getattr(self, "recv_delta", ())):
+        for conn, delta in self.recv_pairs:
             conn.step = self.recv_step + delta
-        for conn, delta in zip(self.send_conns, getattr(self, "send_delta", ())):
+        for conn, delta in self.send_pairs:
             conn.step = self.send_step + delta
 
     def wait_send_credit(self, steps: int):
         """``waitSend``, per send peer: at most NCCL_STEPS steps in flight, ``head + NCCL_STEPS >= step + steps``."""
-        for sconn, delta in zip(self.send_conns, self.send_delta):
+        for sconn, delta in self.send_pairs:
             target = self.send_step + delta + steps
             while int(sconn.head[0]) + NCCL_STEPS < target:
                 self.kernel.waiting(self, "head", sconn.peer, self.send_step + delta, sconn.head, sconn.head_sleep)
@@ -158,14 +156,14 @@ class Primitives:
 
     def post_heads(self) -> None:
         """postRecv on every recv peer: free the slots up to its step; wake the sender if it sleeps on head."""
-        for conn, delta in zip(self.recv_conns, self.recv_delta):
+        for conn, delta in self.recv_pairs:
             conn.head[0] = self.recv_step + delta
             if conn.head_sleep[0]:
                 futex.wake(conn.head_addr)
 
     def post_tails(self) -> None:
         """postSend (Simple) on every send peer: publish its step after the data (x86 keeps stores in order)."""
-        for conn, delta in zip(self.send_conns, self.send_delta):
+        for conn, delta in self.send_pairs:
             conn.tail[0] = self.send_step + delta
             if conn.tail_sleep[0]:
                 futex.wake(conn.tail_addr)
@@ -178,10 +176,19 @@ class Primitives:
             futex.wake(conn.bell_addr)
 
 
+def _steps(conns: list, chunk_steps: int) -> tuple[list, int]:
+    """Each connection's starting step, rounded up to ``chunk_steps``, as (pairs, peer 0's step)."""
+    if len(conns) == 1:  # a ring: the common case, kept cheap (it runs once per channel per collective)
+        return [(conns[0], 0)], -(-conns[0].step // chunk_steps) * chunk_steps
+    steps = [div_up(c.step, chunk_steps) * chunk_steps for c in conns]
+    first = steps[0] if steps else 0
+    return [(c, s - first) for c, s in zip(conns, steps)], first
+
+
 def _peers(conns) -> list:
     """``None``, one connector, or NCCL's ``down[]``-style list (entries of -1 / None are absent peers)."""
+    if conns.__class__ is Connector:
+        return [conns]
     if conns is None:
         return []
-    if isinstance(conns, Connector):
-        return [conns]
     return [c for c in conns if c is not None]

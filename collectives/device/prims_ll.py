@@ -102,7 +102,7 @@ class PrimitivesLL(Primitives):
     def receive(self, i: int, nbytes: int):
         """``readLL`` over every line from recv peer ``i``, resumable: yields until all carry the current flag."""
         conn, nlines = self.recv_conns[i], div_up(nbytes, 8)
-        step = self.recv_step + self.recv_delta[i]
+        step = self.recv_step + self.recv_pairs[i][1]
         words, flag, rbuf = self.slot_words(conn, step), ll_flag(step), self.rbufs[i]
         done = 0
         while True:
@@ -117,7 +117,7 @@ class PrimitivesLL(Primitives):
         proxied connection learns the size from ``connFifo`` (the whole step on a clean step) and waits for the
         lines' flags."""
         conn, nlines = self.send_conns[i], div_up(nbytes, 8)
-        step = self.send_step + self.send_delta[i]
+        step = self.send_step + self.send_pairs[i][1]
         words, flag = self.slot_words(conn, step), ll_flag(step)
         clean = (step & LL_CLEAN_MASK) == LL_CLEAN_MASK
         if conn.conn_fifo is not None:

@@ -34,7 +34,7 @@ class PrimitivesLL128(PrimitivesLL):
 
     def receive(self, i: int, nbytes: int):
         conn, nslices = self.recv_conns[i], div_up(nbytes, SLICE_DATA)
-        step = self.recv_step + self.recv_delta[i]
+        step = self.recv_step + self.recv_pairs[i][1]
         wire, flag, rbuf = self.slot_words(conn, step), np.uint64(step + 1), self.rbufs[i]
         ready, unpacked = 0, 0
         while True:
@@ -51,7 +51,7 @@ class PrimitivesLL128(PrimitivesLL):
     def store(self, i: int, nbytes: int) -> None:
         nslices = div_up(nbytes, SLICE_DATA)
         conn = self.send_conns[i]
-        step = self.send_step + self.send_delta[i]
+        step = self.send_step + self.send_pairs[i][1]
         wire = self.slot_words(conn, step)
         if conn.conn_fifo is not None:
             conn.conn_fifo[step % 8] = nslices * 2048

@@ -25,18 +25,13 @@ class PrimitivesSimple(Primitives):
 
     def __init__(self, kernel, channel, recv, send, sendbuff, recvbuff, op, slice_per_chunk: int,
                  step_per_slice: int, group: int = 0):
-        super().__init__(kernel, channel, recv, send, sendbuff, recvbuff, op, group)
+        super().__init__(kernel, channel, recv, send, sendbuff, recvbuff, op, group,
+                         chunk_steps=slice_per_chunk * step_per_slice)
         self.spc, self.sps = slice_per_chunk, step_per_slice
-        chunk_steps = slice_per_chunk * step_per_slice
         conn = self.recv_conn or self.send_conn
         self.step_elems = conn.step_size("Simple") // self.esize
-        if self.recv_conns:
-            self.recv_step = div_up(self.recv_step, chunk_steps) * chunk_steps
-            self.recv_delta = [div_up(c.step, chunk_steps) * chunk_steps - self.recv_step for c in self.recv_conns]
+        if self.recv_pairs:
             self.post_heads()  # return the credit of the steps we skipped
-        if self.send_conns:
-            self.send_step = div_up(self.send_step, chunk_steps) * chunk_steps
-            self.send_delta = [div_up(c.step, chunk_steps) * chunk_steps - self.send_step for c in self.send_conns]
 
     def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool,
                    from_output: bool = False):
@@ -50,7 +45,7 @@ class PrimitivesSimple(Primitives):
             real = max(0, min(slice_size, nelem - offset))
             step = self.recv_step if recv else self.send_step
             if recv:  # waitPeer: every recv peer has filled this slice
-                for rconn, delta in zip(self.recv_conns, self.recv_delta):
+                for rconn, delta in self.recv_pairs:
                     target = self.recv_step + delta + sps
                     while int(rconn.tail[0]) < target:
                         kernel.waiting(self, "tail", rconn.peer, self.recv_step + delta, rconn.tail,
@@ -59,7 +54,7 @@ class PrimitivesSimple(Primitives):
                 self.first_recv_done()
             if send:  # ... and every send peer has room for it
                 yield from self.wait_send_credit(sps)
-                for sconn, delta in zip(self.send_conns, self.send_delta):
+                for sconn, delta in self.send_pairs:
                     if sconn.conn_fifo is not None:  # a proxy sends this slice: tell it the size
                         sconn.conn_fifo[(self.send_step + delta) % 8] = real * esize
             if real:
@@ -68,12 +63,12 @@ class PrimitivesSimple(Primitives):
                 if src_ix is not None:
                     srcs.append(self.source(src_ix + offset, real, from_output))
                 if recv:
-                    for rconn, delta in zip(self.recv_conns, self.recv_delta):
+                    for rconn, delta in self.recv_pairs:
                         srcs.append(rconn.slot("Simple", self.recv_step + delta, nbytes).view(dtype))
                 if dst_ix is not None:
                     dsts.append(self.output[dst_ix + offset:dst_ix + offset + real])
                 if send:
-                    for sconn, delta in zip(self.send_conns, self.send_delta):
+                    for sconn, delta in self.send_pairs:
                         dsts.append(sconn.slot("Simple", self.send_step + delta, nbytes).view(dtype))
                 reduce_copy(self.op, srcs, dsts, pre_op=src_ix is not None and not from_output, post_op=post_op)
             if recv:

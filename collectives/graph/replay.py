@@ -7,8 +7,10 @@ node index = first appearance scanning ranks 0..N-1, like ``nodesFirstRank``), t
 GRAPH logs, the tree search's channel lines.  INIT logs never print the tree search's intra-node order (NCCL_FACTS
 §4.5), so each node's chain per channel is read from the log's own intra-node tree links (or the GRAPH lines when
 present); every inter-node link is then rebuilt: ``get_dtree`` over nodes, attachment ranks by pattern
-(BALANCED_TREE, SPLIT_TREE, TREE; a one-rank node is always TREE), channel c + C/2 taking tree 1.  The pattern that
-reproduces most entries is reported, with ``matched N of M`` rank x channel entries, the inter-node links
+(BALANCED_TREE, SPLIT_TREE, TREE; a one-rank node is always TREE), and the channel layout: after Postset doubling to
+D channels, c < D/2 takes tree 0 and the rest tree 1, and channels past D are copies (CollNet's n + n/2, the Hopper
+x2, NCCL_MIN_NCHANNELS) keeping their source's tree.  The pattern and layout that reproduce most entries are
+reported, with ``matched N of M`` rank x channel entries, the inter-node links
 compared and matched, and each mismatch.
 """
 from __future__ import annotations
@@ -55,20 +57,27 @@ def chains_from_log(tree: dict, node_of: list[int], nnodes: int) -> list[list[in
     return chains
 
 
+def tree_index(c: int, doubled: int) -> int:
+    """Which of the two trees channel ``c`` carries when ``ncclTopoPostset`` doubled the search's channels to
+    ``doubled``: c < doubled/2 tree 0, then tree 1; any channel past that is a ``copyChannels`` copy of c - doubled
+    (CollNet's n + n/2, the Hopper x2, NCCL_MIN_NCHANNELS), which keeps its source's tree."""
+    while c >= doubled:
+        c -= doubled
+    return int(c >= doubled // 2) if doubled > 1 else 0
+
+
 def derive(log: NcclLog, pattern: str) -> tuple[dict, list[int]]:
+    """{doubled: {channel: {rank: (up, down)}}} for every channel count the Postset doubling could have made."""
     channels = sorted(log.trees)
     nranks = log.nranks or len(log.trees[channels[0]])
     node_of = nodes_of(log, nranks)
     nnodes = max(node_of) + 1
-    nch = len(channels)
-    half = nch // 2 if nch % 2 == 0 and nch > 1 else nch
-    derived = {}
-    for i, c in enumerate(channels):
+    both = {}
+    for c in channels:
         chains = chains_from_log(log.trees[c], node_of, nnodes)
-        t0, t1 = connect_trees(chains, pattern)
-        tree = t1 if (i >= half) else t0
-        derived[c] = {r: (node.up, list(node.down)) for r, node in tree.items()}
-    return derived, node_of
+        both[c] = [{r: (node.up, list(node.down)) for r, node in t.items()} for t in connect_trees(chains, pattern)]
+    layouts = range(2, len(channels) + 1, 2) if len(channels) > 1 else [1]
+    return {d: {c: both[c][tree_index(i, d)] for i, c in enumerate(channels)} for d in layouts}, node_of
 
 
 def compare(log: NcclLog, derived: dict, node_of: list[int]) -> dict:
@@ -102,12 +111,15 @@ def replay(text: str) -> dict:
         raise LogError("no 'Trees [c] ...' lines in the log (run NCCL with NCCL_DEBUG=INFO)")
     results = {}
     for pattern in PATTERNS:
-        derived, node_of = derive(log, pattern)
-        results[pattern] = (compare(log, derived, node_of), derived)
-    best = max(results, key=lambda p: (results[p][0]["matched"], p == "BALANCED_TREE"))
+        layouts, node_of = derive(log, pattern)
+        for doubled, derived in layouts.items():
+            results[(pattern, doubled)] = (compare(log, derived, node_of), derived)
+    # most entries matched; then NCCL's default pattern; then the fewest copied channels
+    best = max(results, key=lambda k: (results[k][0]["matched"], k[0] == "BALANCED_TREE", k[1]))
     report, derived = results[best]
-    return {"pattern": best, "nranks": log.nranks, "nnodes": max(node_of) + 1, "channels": len(log.trees),
-            **report, "patterns": {p: results[p][0]["matched"] for p in results}, "derived": derived}
+    per_pattern = {p: max(results[k][0]["matched"] for k in results if k[0] == p) for p in PATTERNS}
+    return {"pattern": best[0], "doubled": best[1], "nranks": log.nranks, "nnodes": max(node_of) + 1,
+            "channels": len(log.trees), **report, "patterns": per_pattern, "derived": derived}
 
 
 def main(argv=None) -> int:
@@ -120,7 +132,9 @@ def main(argv=None) -> int:
     except LogError as exc:
         print(f"{a.log}: {exc}", file=sys.stderr)
         return 2
-    print(f"# {a.log}: {rep['nranks']} ranks, {rep['nnodes']} nodes, {rep['channels']} channels; pattern "
+    copies = rep["channels"] - rep["doubled"]
+    print(f"# {a.log}: {rep['nranks']} ranks, {rep['nnodes']} nodes, {rep['channels']} channels ("
+          f"{rep['doubled']} after Postset doubling{f', {copies} copied' if copies > 0 else ''}); pattern "
           f"{rep['pattern']} (entries matched per pattern: {rep['patterns']})")
     for r in sorted(next(iter(rep["derived"].values()))):
         parts = [f"[{c}] {_fmt(r, *rep['derived'][c][r])}" for c in sorted(rep["derived"])]
