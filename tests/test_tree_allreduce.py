@@ -135,3 +135,22 @@ def test_tree_cli_runs_and_replays(tmp_path):
     assert rep.returncode == 0, rep.stdout + rep.stderr
     last = rep.stdout.strip().splitlines()[-1].split()
     assert last[0] == "matched" and last[1] == last[3]
+
+
+def test_trace_shows_every_tree_edge_both_ways(tmp_path):
+    """Traced tree AllReduce over 2 nodes x 2: each channel's part goes up every tree edge once and down it once."""
+    from tracing import export
+    count = 300_000
+    run_ranks(4, "traced_allreduce", "1", str(count), env={**TREE_ENV, "NCCLLAB_TRACE": str(tmp_path)}, nodes=2)
+    meta, _ = export.load(str(tmp_path))
+    parts = reference.channel_parts("AllReduce", count, 4, 4, meta["nchannels"], "Simple", algo="Tree")
+    rows = [r for r in export.movements(str(tmp_path)) if r["seq"] == 0]
+    for c, (_, length, _) in enumerate(parts):
+        tree = {int(r): v for r, v in meta["trees"][c].items()}
+        edges = {(r, up) for r, (up, _) in tree.items() if up != -1}
+        want = {e: 4 * length for e in edges} | {(p, r): 4 * length for r, p in edges}
+        got: dict = {}
+        for row in rows:
+            if row["channel"] == c:
+                got[(row["from"], row["to"])] = got.get((row["from"], row["to"]), 0) + row["bytes"]
+        assert got == want, (c, got, want)

@@ -74,6 +74,7 @@ def test_replay_real_nccl_logs(path):
     rep = replay(f.read_text())
     assert rep["matched"] == rep["entries"] > 0, rep["mismatches"][:5]
     assert rep["inter_matched"] == rep["inter_links"]
+    assert rep["source"] == ("GRAPH" if "graph" in path else "Trees")  # the P40 log has the tree search's lines
 
 
 def test_replay_real_two_node_h100_log_from_nccl_tests_issue_319():
@@ -94,6 +95,28 @@ def test_replay_real_four_node_collnet_log_from_nccl_tests_issue_311():
     assert rep["matched"] == rep["entries"] == 24, rep["mismatches"][:5]
     assert rep["inter_matched"] == rep["inter_links"] == 18
     assert rep["pattern"] == "BALANCED_TREE" and rep["patterns"]["TREE"] < 24 and rep["patterns"]["SPLIT_TREE"] < 24
+
+
+def test_replay_takes_chains_and_patterns_from_graph_lines():
+    """With GRAPH lines (Pattern 1|2|3 and ' c : NET/x GPU/r ... NET/y') every node's chain and pattern come from its
+    own tree search; here node 0 chains [1, 0] with TREE and node 1 [2, 3] with BALANCED_TREE."""
+    from collectives.graph.trees import trees_log_line
+    chains = [[1, 0], [2, 3]]
+    trees = list(connect_trees(chains, ["TREE", "BALANCED_TREE"]))
+    lines = []
+    for host, pattern, chain in (("hostA", 3, chains[0]), ("hostB", 1, chains[1])):
+        pid = 100 + chain[0]
+        lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO Pattern {pattern}, crossNic 0, nChannels 1, bw 20.000000/"
+                     f"20.000000, type NVL/PIX, sameChannels 1")
+        lines.append(f"{host}:{pid}:{pid} [0] NCCL INFO  0 : NET/0 " + " ".join(f"GPU/{r}" for r in chain) + " NET/0")
+    for r in range(4):
+        host = "hostA" if r < 2 else "hostB"
+        lines.append(f"{host}:{100 + r}:{100 + r} [{r % 2}] NCCL INFO comm 0x1 rank {r} nRanks 4 nNodes 2 "
+                     f"localRanks 2 localRank {r % 2} MNNVL 0")
+        lines.append(f"{host}:{100 + r}:{100 + r} [{r % 2}] NCCL INFO " + trees_log_line(r, trees))
+    rep = replay("\n".join(lines) + "\n")
+    assert rep["source"] == "GRAPH" and rep["pattern"] == "from GRAPH lines: node 0 TREE, node 1 BALANCED_TREE"
+    assert rep["matched"] == rep["entries"] == 8, rep["mismatches"]
 
 
 def test_tree_index_of_doubled_and_copied_channels():

@@ -20,6 +20,7 @@ _PATTERN = re.compile(r"Pattern (\d+), crossNic (\d+), nChannels (\d+), (?:bw|sp
                       r"type (\w+)/(\w+), sameChannels (\d+)")
 _CONN = re.compile(r"Channel (\d+)(?:/\d+)? : (\d+)\[[^]]*\] -> (\d+)\[[^]]*\](?: \[(?:send|receive)\])? via (\S+)")
 _GRAPH_CH = re.compile(r"NCCL INFO +(\d+) : (.*)$")
+TREE_PATTERNS = {1: "BALANCED_TREE", 2: "SPLIT_TREE", 3: "TREE"}  # NCCL_TOPO_PATTERN_* of the tree graph
 
 
 @dataclass
@@ -35,6 +36,7 @@ class NcclLog:
     tree_lines: dict = field(default_factory=dict)       # rank -> line number of its Trees line
     transports: dict = field(default_factory=dict)       # (channel, from, to) -> "P2P/CUMEM/read", "SHM/direct/direct", ...
     patterns: list = field(default_factory=list)         # (pattern, nChannels, bwIntra, bwInter, typeIntra, typeInter, channel lines)
+    tree_graphs: dict = field(default_factory=dict)      # host -> (tree pattern 1|2|3, [[GPU ranks] per graph channel])
 
 
 class LogError(ValueError):
@@ -84,6 +86,8 @@ def parse(text: str) -> NcclLog:
             current_pattern = (int(m.group(1)), int(m.group(3)), float(m.group(4)), float(m.group(5)),
                                m.group(6), m.group(7), [])
             log.patterns.append(current_pattern)
+            if current_pattern[0] in TREE_PATTERNS and host and host not in log.tree_graphs:
+                log.tree_graphs[host] = (current_pattern[0], current_pattern[6])  # the tree search of this host
             continue
         m = _GRAPH_CH.search(line)
         if m and current_pattern is not None and ("GPU/" in m.group(2) or "NET/" in m.group(2)):

@@ -115,12 +115,18 @@ class Primitives:
         return (self.recv_conn.peer if recv else -1, self.send_conn.peer if send else -1)
 
     def trace_step(self, recv, send, slice_ix, step, offset, nelem, nbytes, t0) -> None:
-        """One slice (Simple) or step (LL/LL128) that began at ``t0``; ``t_mark`` is when its waits ended."""
-        rp, sp = self.peer(recv, send)
+        """One slice (Simple) or step (LL/LL128) that began at ``t0``; ``t_mark`` is when its waits ended.  With
+        several peers (a tree) one record per peer index: the i-th recv peer and the i-th send peer (or -1), so
+        that every movement of the slice to every peer is in the trace."""
         t1 = now()
         t_ready = self.t_wait if self.t_wait > t0 else t0
-        self.tracer.add("step", self.kernel.op_count, self.channel, self.prim, rp, sp, self.loop, self.chunk,
-                        slice_ix, step % NCCL_STEPS, step, offset, nelem, nbytes, t0, t_ready, t1)
+        rps = [c.peer for c in self.recv_conns] if recv else []
+        sps = [c.peer for c in self.send_conns] if send else []
+        for i in range(max(len(rps), len(sps), 1)):
+            rp = rps[i] if i < len(rps) else -1
+            sp = sps[i] if i < len(sps) else -1
+            self.tracer.add("step", self.kernel.op_count, self.channel, self.prim, rp, sp, self.loop, self.chunk,
+                            slice_ix, step % NCCL_STEPS, step, offset, nelem, nbytes, t0, t_ready, t1)
         self.t_mark = t1
 
     def generic_op(self, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool,

@@ -19,7 +19,7 @@ import argparse
 import json
 import sys
 
-from tracing.nccl_log import LogError, NcclLog, parse
+from tracing.nccl_log import TREE_PATTERNS, LogError, NcclLog, parse
 
 from .trees import PATTERNS, connect_trees
 
@@ -66,16 +66,38 @@ def tree_index(c: int, doubled: int) -> int:
     return int(c >= doubled // 2) if doubled > 1 else 0
 
 
-def derive(log: NcclLog, pattern: str) -> tuple[dict, list[int]]:
-    """{doubled: {channel: {rank: (up, down)}}} for every channel count the Postset doubling could have made."""
+def graph_chains(log: NcclLog, node_of: list[int], nnodes: int):
+    """From the GRAPH lines, when every node printed its tree search: (per node its pattern, and a function giving
+    the nodes' chains of a channel: graph channel c mod the graph's count, GPU/r entries in order).  Else None."""
+    graphs = []
+    for node in range(nnodes):
+        hosts = {log.host_of.get(r) for r in range(len(node_of)) if node_of[r] == node}
+        found = [log.tree_graphs[h] for h in hosts if h in log.tree_graphs]
+        if not found or not found[0][1]:
+            return None
+        graphs.append(found[0])
+    patterns = [TREE_PATTERNS[p] for p, _ in graphs]
+
+    def chains(c: int) -> list[list[int]]:
+        return [[int(tok[4:]) for tok in lines[c % len(lines)] if tok.startswith("GPU/")] for _, lines in graphs]
+    return patterns, chains
+
+
+def derive(log: NcclLog, pattern: str | None) -> tuple[dict, list[int]]:
+    """{doubled: {channel: {rank: (up, down)}}} for every channel count the Postset doubling could have made.
+    ``pattern`` None: chains and per-node patterns from the GRAPH lines."""
     channels = sorted(log.trees)
     nranks = log.nranks or len(log.trees[channels[0]])
     node_of = nodes_of(log, nranks)
     nnodes = max(node_of) + 1
+    from_graph = graph_chains(log, node_of, nnodes) if pattern is None else None
     both = {}
     for c in channels:
-        chains = chains_from_log(log.trees[c], node_of, nnodes)
-        both[c] = [{r: (node.up, list(node.down)) for r, node in t.items()} for t in connect_trees(chains, pattern)]
+        if from_graph is not None:
+            chains, how = from_graph[1](c), from_graph[0]
+        else:
+            chains, how = chains_from_log(log.trees[c], node_of, nnodes), pattern
+        both[c] = [{r: (node.up, list(node.down)) for r, node in t.items()} for t in connect_trees(chains, how)]
     layouts = range(2, len(channels) + 1, 2) if len(channels) > 1 else [1]
     return {d: {c: both[c][tree_index(i, d)] for i, c in enumerate(channels)} for d in layouts}, node_of
 
@@ -110,15 +132,22 @@ def replay(text: str) -> dict:
     if not log.trees:
         raise LogError("no 'Trees [c] ...' lines in the log (run NCCL with NCCL_DEBUG=INFO)")
     results = {}
-    for pattern in PATTERNS:
+    node_of = nodes_of(log, log.nranks or len(next(iter(log.trees.values()))))
+    graph = graph_chains(log, node_of, max(node_of) + 1)
+    for pattern in ([None] if graph is not None else PATTERNS):
         layouts, node_of = derive(log, pattern)
         for doubled, derived in layouts.items():
             results[(pattern, doubled)] = (compare(log, derived, node_of), derived)
     # most entries matched; then NCCL's default pattern; then the fewest copied channels
     best = max(results, key=lambda k: (results[k][0]["matched"], k[0] == "BALANCED_TREE", k[1]))
     report, derived = results[best]
-    per_pattern = {p: max(results[k][0]["matched"] for k in results if k[0] == p) for p in PATTERNS}
-    return {"pattern": best[0], "doubled": best[1], "nranks": log.nranks, "nnodes": max(node_of) + 1,
+    if graph is not None:
+        per_pattern = {"GRAPH": report["matched"]}
+        pattern = "from GRAPH lines: " + ", ".join(f"node {n} {p}" for n, p in enumerate(graph[0]))
+    else:
+        per_pattern = {p: max(results[k][0]["matched"] for k in results if k[0] == p) for p in PATTERNS}
+        pattern = best[0]
+    return {"pattern": pattern, "source": "GRAPH" if graph is not None else "Trees", "doubled": best[1], "nranks": log.nranks, "nnodes": max(node_of) + 1,
             "channels": len(log.trees), **report, "patterns": per_pattern, "derived": derived}
 
 

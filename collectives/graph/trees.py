@@ -57,9 +57,11 @@ class TreeNode:
     down: tuple   # NCCL's down[] order
 
 
-def connect_trees(chains: list[list[int]], pattern: str = "BALANCED_TREE") -> tuple[dict, dict]:
-    """Tree 0 and tree 1 of one channel: ``{rank: TreeNode}`` each.  ``chains[node]`` is the node's intra chain."""
+def connect_trees(chains: list[list[int]], pattern: str | list[str] = "BALANCED_TREE") -> tuple[dict, dict]:
+    """Tree 0 and tree 1 of one channel: ``{rank: TreeNode}`` each.  ``chains[node]`` is the node's intra chain;
+    ``pattern`` is every node's tree pattern, or one per node (``nodesTreePatterns``)."""
     nnodes = len(chains)
+    patterns = [pattern] * nnodes if isinstance(pattern, str) else list(pattern)
     result = []
     for tree in (0, 1):
         up, down = {}, {r: [] for chain in chains for r in chain}
@@ -69,8 +71,8 @@ def connect_trees(chains: list[list[int]], pattern: str = "BALANCED_TREE") -> tu
                 if i + 1 < len(chain):
                     down[r].append(chain[i + 1])
         to_parent, to_child0, to_child1 = [], [], []
-        for chain in chains:
-            c0, c1 = PATTERNS["TREE" if len(chain) == 1 else pattern]
+        for chain, node_pattern in zip(chains, patterns):
+            c0, c1 = PATTERNS["TREE" if len(chain) == 1 else node_pattern]
             to_parent.append(chain[0])
             to_child0.append(chain[c0])
             to_child1.append(chain[c1])
