@@ -351,14 +351,12 @@ class Communicator:
                        ("AllGather", "Broadcast") else "int8", redop.name, root, plan.nchannels, t0, now())
 
     def _tree_works(self, kernel: Kernel, ch: Channel, w, proto: str, send, recv, redop: RedOp) -> list:
-        """Tree AllReduce on one channel: ``runTreeSplit`` (two concurrent groups, or one at the root), or with
-        ``NCCLLAB_TREE_UPDOWN=1`` ``runTreeUpDown`` (the reduce phase, then the broadcast phase)."""
-        tree = ch.tree
-        down_recv = [ch.recv_from[p] for p in tree.down]
-        down_send = [ch.send_to[p] for p in tree.down]
-        up_recv, up_send = ch.recv_from.get(tree.up), ch.send_to.get(tree.up)
+        """Tree AllReduce on one channel: ``run_tree_split`` (NCCL's default), or with ``NCCLLAB_TREE_UPDOWN=1``
+        ``run_tree_up_down``; each thread group is one generator of the kernel."""
 
-        def prims(recv_conns, send_conns, group: int):
+        def prims(recv_peers, send_peers, group: int):  # NCCL's Primitives constructor over this channel's peers
+            recv_conns = [ch.recv_from[p] for p in recv_peers if p != -1]
+            send_conns = [ch.send_to[p] for p in send_peers if p != -1]
             if proto == "Simple":  # Tree/Simple is ProtoSimple<1, 1>
                 p = PrimitivesSimple(kernel, ch.id, recv_conns, send_conns, send, recv, redop, 1, 1, group)
             else:
@@ -369,15 +367,10 @@ class Communicator:
             return p
 
         if env_int("NCCLLAB_TREE_UPDOWN", 0):
-            up, down = prims(down_recv, up_send, 1), prims(up_recv, down_send, 2)
-            return [_chain(_finishing(all_reduce.run_tree_up_down_reduce(up, tree, w), up, w),
-                           _finishing(all_reduce.run_tree_up_down_broadcast(down, tree, w), down, w))]
-        if tree.up == -1:
-            root = prims(down_recv, down_send, 0)
-            return [_finishing(all_reduce.run_tree_root(root, w), root, w)]
-        up, down = prims(down_recv, up_send, 1), prims(up_recv, down_send, 2)
-        return [_finishing(all_reduce.run_tree_split_reduce(up, tree, w), up, w),
-                _finishing(all_reduce.run_tree_split_broadcast(down, tree, w), down, w)]
+            groups = [all_reduce.run_tree_up_down(prims, ch.tree, w)]
+        else:
+            groups = all_reduce.run_tree_split(prims, ch.tree, w)
+        return [_traced_channel(g, self.tracer, kernel, w) for g in groups]
 
     # --- public API (ncclAllReduce & co.), numpy arrays in and out ---
     def all_reduce(self, send: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
@@ -506,19 +499,19 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def _chain(*gens):
-    for g in gens:
-        yield from g
-
-
 def _finishing(gen, prims, work):
     """Run a channel's algorithm, then save its step counters (the primitives' destructor)."""
-    t0 = now() if prims.tracer is not None else 0
-    yield from gen
+    yield from _traced_channel(gen, prims.tracer, prims.kernel, work)
     prims.finish()
-    if prims.tracer is not None:
-        prims.tracer.add("channel", prims.kernel.op_count, work.channel, work.part_offset, work.part_count,
-                         work.chunk_count, t0, now())
+
+
+def _traced_channel(gen, tracer, kernel, work):
+    """Run one thread group of a channel; with tracing, record it as a ``channel`` event."""
+    t0 = now() if tracer is not None else 0
+    yield from gen
+    if tracer is not None:
+        tracer.add("channel", kernel.op_count, work.channel, work.part_offset, work.part_count, work.chunk_count,
+                   t0, now())
 
 
 def _flat_pair(send: np.ndarray, out: np.ndarray | None, out_size: int) -> tuple[np.ndarray, np.ndarray]:

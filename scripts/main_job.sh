@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job, after ./lab has built the environment: NCCL's ring allreduce on 8 ranks under mpirun,
-# then, into one folder (default nccllab-out/): the nccl-tests table and JSON, a traced run with its Perfetto
-# file and chunk CSV, the four diagrams, MPI's curve, NCCL's cost-model curve and the plot of all of them.
+# then, into one folder (default nccllab-out/): the nccl-tests table and JSON, the same for the tree AllReduce,
+# the replay of a real 2x8 H100 log's trees, a traced run with its Perfetto file and chunk CSV, the four diagrams,
+# MPI's curve, NCCL's cost-model curve and the plot of all of them.
 set -euo pipefail
 OUT=${NCCLLAB_OUT:-nccllab-out}
 # One machine: bootstrap and sockets on loopback (NCCL's default would pick the first non-loopback interface).
@@ -12,6 +13,11 @@ FIXTURES=../shared/fixtures
 
 echo "== mpirun -n $N python -m collectives.ring $*"
 mpirun -n "$N" python -m collectives.ring -b 8 -e 64M -f 2 -w 2 -n 10 --json "$OUT/ring.json" "$@" | tee "$OUT/ring.txt"
+
+echo "== mpirun -n $N python -m collectives.tree (NCCL's double-binary-tree AllReduce, same table)"
+mpirun -n "$N" python -m collectives.tree -b 8 -e 64M -f 4 -w 1 -n 5 --json "$OUT/tree.json" | tee "$OUT/tree.txt"
+python -m collectives.tree --from-log tests/data/nccl_tests_319_2x8_h100_trees.log > "$OUT/replay-2x8-h100.txt" || true
+tail -1 "$OUT/replay-2x8-h100.txt"
 
 echo "== traced run (NCCLLAB_TRACE=$OUT/trace, NCCL_DEBUG=INFO)"
 NCCLLAB_TRACE="$OUT/trace" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING NCCL_DEBUG_FILE="$OUT/nccl-debug.%p.log" \
@@ -32,7 +38,7 @@ python -m visualize log "$LOG" -o "$OUT/d-from-log"
 echo "== curves: ours, MPI (same machine, same run), NCCL's cost model for this CPU"
 mpirun -n "$N" python benchmarks/allreduce_vs_mpi.py -b 8 -e 64M -f 4 --json "$OUT/mpi.json" | tee "$OUT/mpi.txt"
 python -m collectives.tune --preset cpu --gpus "$N" -b 8 -e 64M -f 2 --series "$OUT/model-cpu.json" >/dev/null
-INPUTS=("$OUT/ring.json" "$OUT/mpi.json" "$OUT/model-cpu.json")
+INPUTS=("$OUT/ring.json" "$OUT/tree.json" "$OUT/mpi.json" "$OUT/model-cpu.json")
 python -m visualize curves "${INPUTS[@]}" -o "$OUT/curve.png" --title "AllReduce, $N ranks on this machine"
 REAL_TESTS="$FIXTURES/nccl_tests/a3mega_2x8_h100_allreduce.txt"
 if [ -f "$REAL_TESTS" ]; then

@@ -31,7 +31,8 @@ def load_series(path: str) -> list[dict]:
                      "algbw": [p.get("algbw") for p in d["points"]], "busbw": [p["busbw"] for p in d["points"]]}
                     for d in doc]
         rows = [r for r in doc if r.get("placement", "out-of-place") == "out-of-place"]  # runner records
-        label = f"nccl-lab {rows[0].get('coll', '')} n={rows[0]['nranks']}".replace("  ", " ")
+        algos = "/".join(sorted({r["algo"] for r in rows if r.get("algo")}, reverse=True))
+        label = f"nccl-lab {rows[0].get('coll', '')} {algos} n={rows[0]['nranks']}".replace("  ", " ")
         return [{"label": label, "size": [r["size"] for r in rows], "algbw": [r["algbw"] for r in rows],
                  "busbw": [r["busbw"] for r in rows]}]
     tables = nccl_tests.parse(text)

@@ -71,8 +71,31 @@ def _tree_chunks(work):
         off += cc
 
 
-def run_tree_up_down_reduce(prims, tree, work):
-    """Phase 1 of ``runTreeUpDown`` (``FanAsymmetric<3, 1>``: recv from ``down[]``, send to ``up``)."""
+def run_tree_up_down(prims, tree, work):
+    """``runTreeUpDown``: the whole reduce phase, then the whole broadcast phase, in one thread group.
+    ``prims(recv_peers, send_peers, group)`` is NCCL's ``Primitives`` constructor over the channel's connectors."""
+    up = prims(tree.down, [tree.up], 1)                 # FanAsymmetric<3, 1>
+    yield from run_tree_reduce_up(up, tree, work)
+    up.finish()
+    down = prims([tree.up], tree.down, 2)               # FanAsymmetric<1, 3>
+    yield from run_tree_broadcast_down(down, tree, work)
+    down.finish()
+
+
+def run_tree_split(prims, tree, work) -> list:
+    """``runTreeSplit`` (NCCL's default): the root runs one group that reduces and broadcasts each chunk
+    (``FanSymmetric<2>`` over ``down[]``); any other rank runs the reduce group and the broadcast group side by
+    side.  Returns one generator per thread group."""
+    if tree.up == -1:
+        root = prims(tree.down, tree.down, 0)
+        return [_finished(run_tree_root(root, work), root)]
+    up, down = prims(tree.down, [tree.up], 1), prims([tree.up], tree.down, 2)
+    return [_finished(run_tree_reduce_up(up, tree, work), up),
+            _finished(run_tree_broadcast_down(down, tree, work), down)]
+
+
+def run_tree_reduce_up(prims, tree, work):
+    """The reduce half: recv from ``down[]``, send to ``up`` (the root of runTreeUpDown keeps the result)."""
     for offset, nelem in _tree_chunks(work):
         if tree.up == -1:
             yield from prims.recv_reduce_copy(offset, offset, nelem, post_op=True)   # root: the result
@@ -82,11 +105,11 @@ def run_tree_up_down_reduce(prims, tree, work):
             yield from prims.recv_reduce_send(offset, nelem)                          # middle
 
 
-def run_tree_up_down_broadcast(prims, tree, work):
-    """Phase 2 of ``runTreeUpDown`` (``FanAsymmetric<1, 3>``: recv from ``up``, send to ``down[]``)."""
+def run_tree_broadcast_down(prims, tree, work):
+    """The broadcast half: recv from ``up``, copy to the output, send to ``down[]``."""
     for offset, nelem in _tree_chunks(work):
         if tree.up == -1:
-            yield from prims.send_from_output(offset, nelem)
+            yield from prims.send_from_output(offset, nelem)                          # root of runTreeUpDown
         elif not tree.down:
             yield from prims.recv(offset, nelem)
         else:
@@ -94,28 +117,16 @@ def run_tree_up_down_broadcast(prims, tree, work):
 
 
 def run_tree_root(prims, work):
-    """``runTreeSplit`` at the root (``FanSymmetric<2>`` over ``down[]``): reduce the children into our input, store
-    the result (post-op applied) and send it straight back down, one call per chunk."""
+    """runTreeSplit's root: reduce the children into our input, store the result (post-op applied) and send it
+    straight back down, one ``recv_reduce_copy_send`` per chunk."""
     for offset, nelem in _tree_chunks(work):
         yield from prims.recv_reduce_copy_send(offset, offset, nelem, post_op=True)
 
 
-def run_tree_split_reduce(prims, tree, work):
-    """``runTreeSplit``'s first thread group (below ``nthreadsSplit``) at a non-root rank: reduce up."""
-    for offset, nelem in _tree_chunks(work):
-        if not tree.down:
-            yield from prims.send(offset, nelem)
-        else:
-            yield from prims.recv_reduce_send(offset, nelem)
-
-
-def run_tree_split_broadcast(prims, tree, work):
-    """``runTreeSplit``'s second thread group at a non-root rank: broadcast down, concurrently with the reduce."""
-    for offset, nelem in _tree_chunks(work):
-        if not tree.down:
-            yield from prims.recv(offset, nelem)
-        else:
-            yield from prims.recv_copy_send(offset, nelem)
+def _finished(gen, prims):
+    """A thread group's work, then its primitives' destructor (save the step counters)."""
+    yield from gen
+    prims.finish()
 
 
 def locate_tree(work, prim: str, src_ix, dst_ix) -> tuple[int, int]:
