@@ -7,10 +7,11 @@ import pytest
 from conftest import leftover_segments, run_ranks
 
 
-@pytest.mark.parametrize("kind", ["count", "dtype", "op"])
-def test_mismatch_is_a_clear_error_on_every_rank(kind):
+@pytest.mark.parametrize("kind,algo", [("count", "Ring"), ("dtype", "Ring"), ("op", "Ring"), ("count", "Tree"),
+                                       ("op", "Tree")])
+def test_mismatch_is_a_clear_error_on_every_rank(kind, algo):
     t0 = time.monotonic()
-    proc = run_ranks(3, "mismatch", kind, env={"NCCLLAB_TIMEOUT": "20"}, check=False, timeout=120)
+    proc = run_ranks(3, "mismatch", kind, env={"NCCLLAB_TIMEOUT": "20", "NCCL_ALGO": algo}, check=False, timeout=120)
     assert proc.returncode != 0
     assert "unexpected success" not in proc.stdout
     assert proc.stderr.count("collective mismatch") + proc.stderr.count("aborted") >= 3, proc.stderr[-3000:]
@@ -18,9 +19,10 @@ def test_mismatch_is_a_clear_error_on_every_rank(kind):
     assert time.monotonic() - t0 < 20, "should fail fast, not at the deadline"
 
 
-def test_sigkill_mid_collective_names_the_missing_rank():
+@pytest.mark.parametrize("algo", ["Ring", "Tree"])
+def test_sigkill_mid_collective_names_the_missing_rank(algo):
     t0 = time.monotonic()
-    proc = run_ranks(4, "sigkill", "2", env={"NCCLLAB_TIMEOUT": "15"}, check=False, timeout=120)
+    proc = run_ranks(4, "sigkill", "2", env={"NCCLLAB_TIMEOUT": "15", "NCCL_ALGO": algo}, check=False, timeout=120)
     assert proc.returncode != 0
     assert "unexpected success" not in proc.stdout
     # stderr of several ranks interleaves: find each survivor's report anywhere in it.
@@ -37,3 +39,14 @@ def test_stuck_rank_times_out_naming_channel_step_and_peer():
     assert msgs, proc.stderr[-3000:]
     assert any("channel 0 step" in m and "from rank 1" in m for m in msgs), msgs
     assert "NCCLLAB_TIMEOUT" in msgs[0]
+
+
+def test_stuck_rank_in_a_tree_names_the_thread_group():
+    """Tree on one node of 3 (chain 0-1-2), rank 1 absent: the root (rank 0) waits for rank 1's reduce, and the
+    leaf's broadcast group (rank 2) waits for rank 1 too.  The message names the group, primitive, step and peer."""
+    proc = run_ranks(3, "stuck", "7", env={"NCCLLAB_TIMEOUT": "3", "NCCL_ALGO": "Tree"}, check=False, timeout=120)
+    assert proc.returncode != 0
+    msgs = [line for line in proc.stderr.splitlines() if "made no progress" in line]
+    assert msgs, proc.stderr[-3000:]
+    assert any("from rank 1" in m for m in msgs), msgs
+    assert any("(tree broadcast, recv) step 0 waiting for tail from rank 1" in m for m in msgs), msgs
