@@ -36,7 +36,7 @@ from .graph import tuning
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 from .graph.rings import Ring, parse_rings, ring_log_line, ring_orders, setup_ring
-from .graph.trees import TreeNode, channel_trees, trees_log_line
+from .graph.trees import TreeNode, channel_trees, tree_pattern, trees_log_line
 from .param import MAXCHANNELS, env_int, env_str, timeout_s
 from .status import FUNC_CODES, StatusPage, describe
 
@@ -112,9 +112,11 @@ class Communicator:
                 "nchannels": max(1, nch), "buff_sizes": self.buff_sizes,
                 "max_channels": env_int("NCCL_MAX_NCHANNELS", env_int("NCCL_MAX_NRINGS", MAXCHANNELS)),
                 "min_channels": env_int("NCCL_MIN_NCHANNELS", env_int("NCCL_MIN_NRINGS", 0)), "tag": my_tag,
-                "rings": rings, "proto": proto_text.strip().lower(), "algo": algo_text.strip().lower()}
+                "rings": rings, "proto": proto_text.strip().lower(), "algo": algo_text.strip().lower(),
+                "tree_pattern": tree_pattern()}
         self.peer_info = self.bootstrap.allgather_obj(info)
-        for key, what in (("buff_sizes", "NCCL_*BUFFSIZE"), ("proto", "NCCL_PROTO"), ("algo", "NCCL_ALGO")):
+        for key, what in (("buff_sizes", "NCCL_*BUFFSIZE"), ("proto", "NCCL_PROTO"), ("algo", "NCCL_ALGO"),
+                          ("tree_pattern", "NCCLLAB_TREE_PATTERN")):
             if len({repr(p[key]) for p in self.peer_info}) != 1:
                 raise ValueError(f"{what} differs across ranks: {[p[key] for p in self.peer_info]}")
         self.tag = self.peer_info[0]["tag"]
@@ -174,7 +176,8 @@ class Communicator:
         """``ncclTopoPostset``: channel c + n copies ring c and takes tree 1 (the double binary tree); then the
         ``NCCL_MAX_NCHANNELS`` clamp, then copies of the first channels up to ``NCCL_MIN_NCHANNELS``."""
         n = len(orders)
-        trees = channel_trees(orders, self.node_of_rank)             # tree 0 of each ring, then tree 1 of each
+        pattern = self.peer_info[0]["tree_pattern"]  # the same on every rank (checked at init)
+        trees = channel_trees(orders, self.node_of_rank, pattern)    # tree 0 of each ring, then tree 1 of each
         doubled = [(orders[c % n], trees[c]) for c in range(2 * n if 2 * n <= MAXCHANNELS else n)]
         max_ch = min(p["max_channels"] for p in self.peer_info)  # the same on every rank, as NCCL's allgather
         doubled = doubled[:max(1, min(max_ch, len(doubled)))]

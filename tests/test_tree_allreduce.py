@@ -154,3 +154,25 @@ def test_trace_shows_every_tree_edge_both_ways(tmp_path):
             if row["channel"] == c:
                 got[(row["from"], row["to"])] = got.get((row["from"], row["to"]), 0) + row["bytes"]
         assert got == want, (c, got, want)
+
+
+@pytest.mark.parametrize("pattern", ["SPLIT_TREE", "TREE"])
+def test_selectable_pattern_on_four_nodes_of_two(pattern):
+    """NCCLLAB_TREE_PATTERN picks the attachment ranks (NCCL takes them from its search): the Trees lines follow
+    connect_trees with that pattern, and the AllReduce is bitwise the order of those trees."""
+    from collectives.graph.trees import channel_trees, trees_log_line
+    env = {**TREE_ENV, "NCCLLAB_TREE_PATTERN": pattern, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}
+    proc = run_ranks(8, "tree_bitwise", '["Simple"]', "[70001]", '["float32"]', '["sum"]', env=env, nodes=4,
+                     timeout=300)
+    trees = channel_trees([list(range(8))], [0, 0, 1, 1, 2, 2, 3, 3], pattern)
+    out = proc.stdout + proc.stderr
+    for r in range(8):
+        assert trees_log_line(r, trees) in out, (r, trees_log_line(r, trees))
+    assert trees != channel_trees([list(range(8))], [0, 0, 1, 1, 2, 2, 3, 3], "BALANCED_TREE")
+
+
+def test_unknown_tree_pattern_is_an_error_on_every_rank():
+    proc = run_ranks(2, "tree_bitwise", '["Simple"]', "[7]", '["float32"]', '["sum"]',
+                     env={**TREE_ENV, "NCCLLAB_TREE_PATTERN": "STAR"}, check=False, timeout=60)
+    assert proc.returncode != 0
+    assert proc.stderr.count("NCCLLAB_TREE_PATTERN='STAR'") == 2, proc.stderr[-2000:]

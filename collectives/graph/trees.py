@@ -12,9 +12,18 @@ topology search the chain here is the channel's ring order restricted to the nod
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 PATTERNS = {"BALANCED_TREE": (1, 0), "SPLIT_TREE": (1, 1), "TREE": (0, 0)}
+
+
+def tree_pattern() -> str:
+    """``NCCLLAB_TREE_PATTERN`` (ours: NCCL takes the pattern from its topology search), BALANCED_TREE by default."""
+    name = os.environ.get("NCCLLAB_TREE_PATTERN", "BALANCED_TREE").strip().upper() or "BALANCED_TREE"
+    if name not in PATTERNS:
+        raise ValueError(f"NCCLLAB_TREE_PATTERN={name!r}: choose one of {', '.join(PATTERNS)}")
+    return name
 
 
 def get_btree(nranks: int, rank: int) -> tuple[int, int, int, int]:
