@@ -4,7 +4,7 @@ set -euo pipefail
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-# A traced 4-rank ring allreduce on 2 channels with a non-identity ring on channel 1.
+# A traced 4-rank ring allreduce on 2 rings (4 channels after Postset doubling), a non-identity ring on channel 1.
 NCCLLAB_TRACE="$TMP/trace" NCCLLAB_RINGS="0 1 2 3|0 2 1 3" \
   python -m collectives.ring -g 4 -b 256K -e 256K -n 1 -w 0 >/dev/null
 python -m visualize topology "$TMP/trace" -o "$TMP/topology"
