@@ -1,11 +1,13 @@
-"""The communicator (NCCL ``src/init.cc``: ``ncclCommInitRank`` → ``initTransportsRank``; ``src/collectives.cc``;
-``src/enqueue.cc``: ``ncclEnqueueCheck``).
+"""The communicator (NCCL ``src/init.cc``: ``ncclCommInitRank`` → ``initTransportsRank``, ``ncclTopoPostset``;
+``src/collectives.cc``; ``src/enqueue.cc``: ``ncclEnqueueCheck``).
 
-Init: bootstrap ring, allgather of peer info (host hash, pid, ...), channel count, one ring per channel
-(``setupChannel``), then ``ncclTransportRingConnect``: per channel a recv connector from ``ring.prev`` and a send
-connector to ``ring.next``, set up through the transport and connected after an exchange of connect blobs.
-A collective: check the arguments, publish its signature, split it across channels (``enqueue.schedule_coll``),
-and run the per-channel algorithm (``device/*.run_ring``) over ``PrimitivesSimple`` in one kernel.
+Init: bootstrap ring, allgather of peer info (host hash, pid, ...), the search's channel count and one ring per
+channel (``setupChannel``), the Postset doubling (channel c + n: ring c with tree 1), then
+``ncclTransportRingConnect`` (recv from ``ring.prev``, send to ``ring.next``) and ``ncclTransportTreeConnect``
+(both directions with ``up`` and ``down[]``), through ``collectives.transport``.
+A collective: check the arguments, publish its signature, choose algorithm and protocol (the cost model), split it
+across channels (``enqueue.schedule_coll``), and run each channel's algorithm (``device/*.run_ring``,
+``all_reduce.run_tree_split``) over the protocol's primitives in one kernel.
 """
 from __future__ import annotations
 
@@ -416,7 +418,8 @@ class Communicator:
             ch = self.channels[w.channel]
             if plan.algo == "Tree":
                 sends, recvs = enqueue.tree_calls(w, ch.tree)
-                conns = [(ch.send_to[p], n) for p, n in sends.items()] + [(ch.recv_from[p], n) for p, n in recvs.items()]
+                conns = ([(ch.send_to[p], n) for p, n in sends.items()] +
+                         [(ch.recv_from[p], n) for p, n in recvs.items()])
             else:
                 sends, recvs = enqueue.ring_calls(func, self.nranks, w, ch.ring.user_ranks, root)
                 conns = [(ch.send, sends), (ch.recv, recvs)]

@@ -6,9 +6,9 @@
 peers and send to several (``FanAsymmetric<3, 1>`` for a tree's reduce, ``<1, 3>`` for its broadcast): the reduction
 takes ``[local input, recv peer 0, 1, 2]`` in that order and the result goes to every send peer.  Each connection
 keeps its own step counter (a ring and a tree may share a connector); inside one primitives object all of them
-advance together, so we keep peer 0's step and each other peer's fixed offset from it.  NCCL's ``direct*`` variants map to the plain ones, as ``PrimitivesWithoutDirect``
-does for LL/LL128: no registered user buffers here.  Each ``generic_op`` is a generator that yields whenever it
-would spin, recording what it waits for with the kernel.
+advance together, so we keep peer 0's step and each other peer's fixed offset from it.  NCCL's ``direct*``
+variants map to the plain ones, as ``PrimitivesWithoutDirect`` does for LL/LL128: no registered user buffers here.
+Each ``generic_op`` is a generator that yields whenever it would spin, recording what it waits for with the kernel.
 """
 from __future__ import annotations
 

@@ -147,8 +147,9 @@ def replay(text: str) -> dict:
     else:
         per_pattern = {p: max(results[k][0]["matched"] for k in results if k[0] == p) for p in PATTERNS}
         pattern = best[0]
-    return {"pattern": pattern, "source": "GRAPH" if graph is not None else "Trees", "doubled": best[1], "nranks": log.nranks, "nnodes": max(node_of) + 1,
-            "channels": len(log.trees), **report, "patterns": per_pattern, "derived": derived}
+    return {"pattern": pattern, "source": "GRAPH" if graph is not None else "Trees", "doubled": best[1],
+            "nranks": log.nranks, "nnodes": max(node_of) + 1, "channels": len(log.trees), **report,
+            "patterns": per_pattern, "derived": derived}
 
 
 def main(argv=None) -> int:
