@@ -196,7 +196,7 @@ class Communicator:
                 "node_of_rank": self.node_of_rank,
                 "hosts": [p["host"] for p in self.peer_info], "pids": [p["pid"] for p in self.peer_info],
                 "rings": self.rings, "buff_sizes": self.buff_sizes,
-                "trees": [{r: (t.up, list(t.down)) for r, t in tree.items()} for tree in self.trees],
+                "trees": self.tree_table(),
                 "transports": [ch.send.transport if ch.send else None for ch in self.channels],
                 "net": bool(self.net_connections)}
 
@@ -447,7 +447,11 @@ class Communicator:
         """What ``collectives.reference`` needs to reproduce this call (the protocol depends on its size)."""
         plan = self.plan(func, count, dtype)
         return {"rings": self.rings, "nchannels": self.nchannels, "proto": plan.proto, "algo": plan.algo,
-                "buffsize": self.buff_sizes[plan.proto], "trees": self.describe()["trees"]}
+                "buffsize": self.buff_sizes[plan.proto], "trees": self.tree_table()}
+
+    def tree_table(self) -> list[dict]:
+        """Every channel's tree as plain data: ``[{rank: (up, [down...])}]`` (trace metadata, reference model)."""
+        return [{r: (t.up, list(t.down)) for r, t in tree.items()} for tree in self.trees]
 
     @property
     def rings(self) -> list[list[int]]:

@@ -55,52 +55,36 @@ class Primitives:
     # --- the names NCCL's algorithms use (one generic_op each; the traced path only when tracing) ---
     def send_from_output(self, out: int, nelem: int):
         """``directSendFromOutput``: send what the output already holds (the tree root's broadcast)."""
-        self.prim = "send_from_output"
-        if self.tracer is None:
-            return self.generic_op(out, None, nelem, False, True, False, True)
-        return self._traced(out, None, nelem, False, True, False, True)
+        return self._op("send_from_output", out, None, nelem, False, True, from_output=True)
 
     def send(self, inp: int, nelem: int):
-        self.prim = "send"
-        if self.tracer is None:
-            return self.generic_op(inp, None, nelem, False, True, False)
-        return self._traced(inp, None, nelem, False, True, False)
+        return self._op("send", inp, None, nelem, False, True)
 
     def copy_send(self, inp: int, out: int, nelem: int):
-        self.prim = "copy_send"
-        if self.tracer is None:
-            return self.generic_op(inp, out, nelem, False, True, False)
-        return self._traced(inp, out, nelem, False, True, False)
+        return self._op("copy_send", inp, out, nelem, False, True)
 
     def recv(self, out: int, nelem: int):
-        self.prim = "recv"
-        if self.tracer is None:
-            return self.generic_op(None, out, nelem, True, False, False)
-        return self._traced(None, out, nelem, True, False, False)
+        return self._op("recv", None, out, nelem, True, False)
 
     def recv_reduce_send(self, inp: int, nelem: int):
-        self.prim = "recv_reduce_send"
-        if self.tracer is None:
-            return self.generic_op(inp, None, nelem, True, True, False)
-        return self._traced(inp, None, nelem, True, True, False)
+        return self._op("recv_reduce_send", inp, None, nelem, True, True)
 
     def recv_reduce_copy(self, inp: int, out: int, nelem: int, post_op: bool = False):
-        self.prim = "recv_reduce_copy"
-        if self.tracer is None:
-            return self.generic_op(inp, out, nelem, True, False, post_op)
-        return self._traced(inp, out, nelem, True, False, post_op)
+        return self._op("recv_reduce_copy", inp, out, nelem, True, False, post_op)
 
     def recv_reduce_copy_send(self, inp: int, out: int, nelem: int, post_op: bool = False):
-        self.prim = "recv_reduce_copy_send"
-        if self.tracer is None:
-            return self.generic_op(inp, out, nelem, True, True, post_op)
-        return self._traced(inp, out, nelem, True, True, post_op)
+        return self._op("recv_reduce_copy_send", inp, out, nelem, True, True, post_op)
 
     def recv_copy_send(self, out: int, nelem: int):
-        self.prim = "recv_copy_send"
+        return self._op("recv_copy_send", None, out, nelem, True, True)
+
+    def _op(self, prim: str, src_ix, dst_ix, nelem: int, recv: bool, send: bool, post_op: bool = False,
+            from_output: bool = False):
+        """Every named primitive is one ``generic_op``; the traced path only when tracing."""
+        self.prim = prim
         if self.tracer is None:
-            return self.generic_op(None, out, nelem, True, True, False)
-        return self._traced(None, out, nelem, True, True, False)
+            return self.generic_op(src_ix, dst_ix, nelem, recv, send, post_op, from_output)
+        return self._traced(src_ix, dst_ix, nelem, recv, send, post_op, from_output)
 
     def _traced(self, src_ix, dst_ix, nelem, recv, send, post_op, from_output=False):
         t0 = self.t_mark = now()

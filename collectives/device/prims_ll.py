@@ -43,6 +43,7 @@ class PrimitivesLL(Primitives):
         # One unpacked buffer per recv peer, one packed source for all send peers; recv and send staging must
         # not alias: a recv_reduce_send reads one while filling the other.
         self.rbufs = [c.staging(self.proto, self.max_words) for c in self.recv_conns]
+        self.rbytes = [b.view(np.uint8) for b in self.rbufs]
         self.sbuf = self.send_conn.staging(self.proto, self.max_words) if self.send_conns else None
         self.sbytes = self.sbuf.view(np.uint8) if self.send_conns else None
 
@@ -70,7 +71,7 @@ class PrimitivesLL(Primitives):
         if recv:
             for i in range(len(self.recv_conns)):  # readLL from each peer in turn (NCCL: peer 0, then 1, 2)
                 yield from self.receive(i, nbytes)
-                srcs.append(self.rbufs[i].view(np.uint8)[:nbytes].view(dtype))
+                srcs.append(self.rbytes[i][:nbytes].view(dtype))
             if nbytes:  # an empty LL receive does not wait for the sender: nothing proves it is here yet
                 self.first_recv_done()
         if dst_ix is not None:

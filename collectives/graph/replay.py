@@ -83,23 +83,21 @@ def graph_chains(log: NcclLog, node_of: list[int], nnodes: int):
     return patterns, chains
 
 
-def derive(log: NcclLog, pattern: str | None) -> tuple[dict, list[int]]:
+def derive(log: NcclLog, node_of: list[int], pattern: str | None, graph=None) -> dict:
     """{doubled: {channel: {rank: (up, down)}}} for every channel count the Postset doubling could have made.
-    ``pattern`` None: chains and per-node patterns from the GRAPH lines."""
+    Chains from the log's own intra-node links with one ``pattern``, or, given ``graph`` (``graph_chains``), the
+    chains and per-node patterns of the GRAPH lines."""
     channels = sorted(log.trees)
-    nranks = log.nranks or len(log.trees[channels[0]])
-    node_of = nodes_of(log, nranks)
     nnodes = max(node_of) + 1
-    from_graph = graph_chains(log, node_of, nnodes) if pattern is None else None
     both = {}
     for c in channels:
-        if from_graph is not None:
-            chains, how = from_graph[1](c), from_graph[0]
+        if graph is not None:
+            chains, how = graph[1](c), graph[0]
         else:
             chains, how = chains_from_log(log.trees[c], node_of, nnodes), pattern
         both[c] = [{r: (node.up, list(node.down)) for r, node in t.items()} for t in connect_trees(chains, how)]
     layouts = range(2, len(channels) + 1, 2) if len(channels) > 1 else [1]
-    return {d: {c: both[c][tree_index(i, d)] for i, c in enumerate(channels)} for d in layouts}, node_of
+    return {d: {c: both[c][tree_index(i, d)] for i, c in enumerate(channels)} for d in layouts}
 
 
 def compare(log: NcclLog, derived: dict, node_of: list[int]) -> dict:
@@ -135,8 +133,7 @@ def replay(text: str) -> dict:
     node_of = nodes_of(log, log.nranks or len(next(iter(log.trees.values()))))
     graph = graph_chains(log, node_of, max(node_of) + 1)
     for pattern in ([None] if graph is not None else PATTERNS):
-        layouts, node_of = derive(log, pattern)
-        for doubled, derived in layouts.items():
+        for doubled, derived in derive(log, node_of, pattern, graph).items():
             results[(pattern, doubled)] = (compare(log, derived, node_of), derived)
     # most entries matched; then NCCL's default pattern; then the fewest copied channels
     best = max(results, key=lambda k: (results[k][0]["matched"], k[0] == "BALANCED_TREE", k[1]))
