@@ -325,8 +325,9 @@ class Communicator:
         spc = enqueue.CHUNKSTEPS[func] // enqueue.SLICESTEPS[func]
         sps = enqueue.SLICESTEPS[func]
         works = []
-        if self.proxy is not None:
-            self.proxy.post(self._proxy_ops(func, plan, root))
+        proxy_ops = self._proxy_ops(func, plan, root) if self.proxy is not None else []
+        if proxy_ops:
+            self.proxy.post(proxy_ops)
         for w in plan.works:
             ch = self.channels[w.channel]
             if plan.algo == "Tree":
@@ -351,6 +352,9 @@ class Communicator:
                 gen = reduce.run_ring(prims, ch.ring, w, self.nranks, root)
             works.append(_finishing(gen, prims, w))
         kernel.run(works)
+        sends = [op for op in proxy_ops if op.nc.conn.is_send]
+        if sends:  # the proxy has handed our last steps to the network: see net.wait_sent
+            kernel.run([net.wait_sent(kernel, sends)])
         if tracer is not None:
             tracer.add("coll", self.op_count, func, plan.algo, proto, count, dtype_name(send.dtype) if func not in
                        ("AllGather", "Broadcast") else "int8", redop.name, root, plan.nchannels, t0, now())

@@ -13,8 +13,16 @@ drives the net plugin:
   slot, it is ``done`` and may be posted again.
 
 Counters are NCCL's (``posted``, ``transmitted``, ``received``, ``done``) in units of ``sliceSteps``, from
-``base = roundUp(conn.step, chunkSteps)``.  One op per (channel, peer, direction) per collective, like
-``ncclProxySaveOp``, with the exact number of steps the kernel will move.
+``base = roundUp(resources->step, chunkSteps)``: the proxy keeps its own step counter per connection and, when it
+starts an op, sets it to ``base + nsteps`` for the next one, so it never reads the kernel's.  One op per
+(channel, peer, direction) per collective, like ``ncclProxySaveOp``, with the exact number of steps the kernel
+will move.
+
+Deliberate difference: a collective returns only once its send ops are done (``wait_sent``), i.e. the plugin has
+taken every step.  NCCL's kernel returns as soon as its last step is in the FIFO and its proxy, a free-running C
+thread, sends it whatever the caller does next.  Ours is a Python thread: if the caller then enters a C call that
+keeps the GIL while it waits for a peer (mpi4py's lowercase ``allreduce`` does), the last step would never leave
+and the peer, waiting for it, would never reach that call.
 """
 from __future__ import annotations
 
@@ -53,6 +61,7 @@ class NetConnection:
         connector.proxy_conn = self
         self.views = {p: memoryview(b) for p, b in connector.buffs.items()}
         self.ops: collections.deque = collections.deque()  # this connection's ops, strictly in order
+        self.step = 0  # the proxy's own step counter (NCCL's resources->step): where the next op starts
 
 
 class ProxyOp:
@@ -60,12 +69,20 @@ class ProxyOp:
                  tracer=None, seq: int = 0):
         self.nc, self.proto, self.nsteps, self.slice_steps = nc, proto, nsteps, slice_steps
         self.tracer, self.seq = tracer, seq
+        self.chunk_steps = chunk_steps
         self.t_start = 0
         self.step_t: dict = {}   # slot -> when its isend/irecv was issued, while in flight (tracing only)
-        self.base = -(-nc.conn.step // chunk_steps) * chunk_steps
+        self.base = 0
         self.posted = self.transmitted = self.received = self.done = 0
         self.requests: dict = {}
         self.step_size = len(nc.conn.buffs[proto]) // NCCL_STEPS
+
+    def start(self) -> None:
+        """``ncclProxyOpReady``: round the connection's step up to a chunk, and set where the next op starts."""
+        nc = self.nc
+        self.base = -(-nc.step // self.chunk_steps) * self.chunk_steps
+        nc.step = self.base + self.nsteps
+        self.t_start = time.monotonic_ns()
 
     @property
     def complete(self) -> bool:
@@ -122,9 +139,13 @@ class ProxyOp:
         return progressed
 
     def _ready(self, step: int, size: int) -> bool:
+        """``sendProxyProgress``: the kernel has posted ``tail`` past this step (every protocol but LL), and for
+        LL every line, for LL128 in host memory every line's flag word, carries the step's flag."""
         conn = self.nc.conn
+        if self.proto != "LL" and int(conn.tail[0]) <= step:
+            return False
         if self.proto == "Simple":
-            return int(conn.tail[0]) >= step + self.slice_steps
+            return True
         words = conn.words[self.proto][step % NCCL_STEPS]
         if self.proto == "LL":
             from collectives.device.prims_ll import ll_flag
@@ -165,6 +186,28 @@ class ProxyOp:
         return progressed
 
 
+class _SentWait:
+    """What ``wait_sent`` reports to the kernel while it waits (channel, thread group and primitive, as a
+    primitives object would)."""
+    group, tracer = 3, None
+
+    def __init__(self, op: ProxyOp):
+        self.channel, self.prim = op.nc.channel, "proxy send"
+
+
+def wait_sent(kernel, ops: list):
+    """Yield (a kernel work item) until every send op is done: the plugin has taken each of its steps."""
+    for op in ops:
+        waiter, done = _SentWait(op), -1
+        while not op.complete:
+            if op.done != done:
+                done = op.done
+                kernel.progress += 1
+            kernel.waiting(waiter, "proxy send", op.nc.conn.peer, op.base + op.done)
+            yield
+    kernel.progress += 1
+
+
 class Proxy(threading.Thread):
     """``ncclProxyProgress``: loops over active ops calling their progress; new ops arrive from the kernel side."""
 
@@ -188,7 +231,7 @@ class Proxy(threading.Thread):
         while not self.stopping:
             while self.pending:
                 op = self.pending.popleft()
-                op.t_start = time.monotonic_ns()
+                op.start()
                 if not op.nc.ops:
                     self.active.append(op.nc)
                 op.nc.ops.append(op)

@@ -25,7 +25,7 @@ SPINS_BEFORE_YIELD = 4
 SPINS_BEFORE_SLEEP = 20  # oversubscribed only: sched_yield first, then sleep (measured best)
 CHECK_EVERY_S = 0.02
 # Thread groups of one channel (runTreeSplit's reduce-up and broadcast-down halves run side by side).
-GROUPS = {0: "", 1: "tree reduce", 2: "tree broadcast"}
+GROUPS = {0: "", 1: "tree reduce", 2: "tree broadcast", 3: "proxy"}
 
 
 class CollectiveError(RuntimeError):
@@ -54,6 +54,7 @@ class Kernel:
         parts = []
         for (ch, group), (what, peer, step, _, _, prim) in sorted(self.wait_state.items()):
             side = (f"head from rank {peer} (send credit)" if what == "head" else
+                    f"the network to take it (send to rank {peer})" if what == "proxy send" else
                     f"{what} from rank {peer} (recv)")  # tail, or an LL / LL128 flag
             where = f" ({GROUPS[group]}, {prim})" if group else ""
             parts.append(f"channel {ch}{where} step {step} waiting for {side}")
