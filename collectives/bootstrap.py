@@ -76,7 +76,7 @@ _roots: dict[int, tuple[threading.Thread, list]] = {}  # magic -> running root t
 
 
 def _open_root(host: str, port: int, magic: int) -> tuple[str, int]:
-    srv = sockets.listen(host, port)
+    srv = sockets.listen(host, port, "the bootstrap root (NCCL_COMM_ID)" if port else "the bootstrap root")
     _listeners[magic] = srv
     return srv.getsockname()[0], srv.getsockname()[1]
 

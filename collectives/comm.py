@@ -25,6 +25,7 @@ from tracing.events import now
 from tracing.hang import report_dir, write_report
 from transports import net, shm
 from transports.connector import Connector
+from transports.shm_segment import ShmError
 
 from . import enqueue, sockets, transport
 from .bootstrap import Bootstrap, UniqueId
@@ -68,8 +69,9 @@ class Communicator:
     def __init__(self, unique_id: UniqueId | bytes | None = None, nranks: int | None = None,
                  rank: int | None = None, *, rings: list[list[int]] | None = None,
                  nchannels: int | None = None, protocols: str | None = None, algorithms: str | None = None):
+        from .launch import install_fatal_hook, rank_env
+        install_fatal_hook()  # an uncaught error ends the whole job (MPI_Abort under mpirun)
         if unique_id is None:
-            from .launch import rank_env
             unique_id, nranks, rank = rank_env()
         if isinstance(unique_id, (bytes, bytearray)):
             unique_id = UniqueId.from_bytes(bytes(unique_id))
@@ -88,9 +90,11 @@ class Communicator:
         self.net_connections: list = []
         try:
             self._init_transports(unique_id, rings, nchannels, protocols, algorithms)
-        except BaseException:
+        except BaseException as exc:
             self._release_segments()
             self.bootstrap.close()
+            if isinstance(exc, ShmError):
+                raise ShmError(f"rank {rank}: {exc}") from None
             raise
 
     # ------------------------------------------------------------------ init
@@ -246,9 +250,27 @@ class Communicator:
             if not sockets.pid_alive(self.peer_info[r]["pid"]):
                 raise CollectiveError(f"rank {self.rank}: rank {r} (pid {self.peer_info[r]['pid']}) is gone "
                                       f"(killed or exited) during {kernel.func}: {kernel.describe_wait()}")
+            if page.destroyed and page.completed <= kernel.op_count:
+                raise CollectiveError(f"rank {self.rank}: rank {r} destroyed its communicator after "
+                                      f"{page.completed} collectives, so it will never join {kernel.func} "
+                                      f"(opCount {kernel.op_count}); this rank: {kernel.describe_wait()}")
             sig = page.signature(kernel.op_count)
             if sig is not None and sig != self._signature:
                 self._mismatch(r, sig)
+
+    def _suspects(self) -> str:
+        """For a deadline message: local peers whose process is stopped (SIGSTOP, a debugger)."""
+        stopped = [f"rank {r} (pid {self.peer_info[r]['pid']}) is stopped" for r in self._status_pages
+                   if r != self.rank and sockets.pid_state(self.peer_info[r]["pid"]) in ("T", "t")]
+        return "; " + ", ".join(stopped) if stopped else ""
+
+    @staticmethod
+    def _warn(msg: str) -> None:
+        """A WARN line that the user sees even without ``NCCL_DEBUG`` (an early hang warning, a report's path)."""
+        if debug.enabled("WARN"):
+            debug.warn(msg)
+        else:
+            os.write(2, f"NCCL WARN {msg}\n".encode(errors="replace"))
 
     def _check_peer_op(self, peer: int) -> None:
         """Before consuming a peer's first data of this collective: it must be running the same call."""
@@ -298,7 +320,8 @@ class Communicator:
             self._flush_trace()
             if self._kernel is not None and self._kernel.wait_state:
                 path = write_report(report_dir(self.tag), self._hang_report(self._kernel, str(exc)))
-                debug.warn(f"hang report written to {path}")
+                self._warn(f"rank {self.rank}: hang report written to {path} (python -m tracing hang "
+                           f"{os.path.dirname(path)})")
             debug.warn(str(exc))
             raise
         finally:
@@ -318,7 +341,8 @@ class Communicator:
         in_place = _addr(send) == _addr(recv) + (self.rank * send.nbytes if func == "AllGather" else 0)
         if func in ("AllGather", "Broadcast"):  # NCCL retypes these as int8: they move bytes
             send, recv = send.view(np.uint8), recv.view(np.uint8)
-        kernel = Kernel(self.rank, self.op_count, func, self._health, self._check_peer_op, self.oversubscribed)
+        kernel = Kernel(self.rank, self.op_count, func, self._health, self._check_peer_op, self.oversubscribed,
+                        self._suspects, self._warn)
         kernel.tracer = tracer = self.tracer
         self._kernel = kernel
         t0 = now() if tracer is not None else 0
@@ -474,6 +498,7 @@ class Communicator:
         if self._destroyed:
             return
         self._destroyed = True
+        self._status.mark_destroyed(self.op_count)  # a peer still waiting for us learns it now
         try:
             if self._error is None and self.nranks > 1:
                 self.bootstrap.barrier()
@@ -494,8 +519,9 @@ class Communicator:
     def __exit__(self, *exc) -> None:
         if exc[0] is None:
             self.destroy()
-        else:
+        elif not self._destroyed:
             self._destroyed = True
+            self._status.mark_destroyed(self.op_count)
             self._close_net()
             self._release_segments()
             self.bootstrap.close()

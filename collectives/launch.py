@@ -5,8 +5,12 @@
 * From ``spawn`` (no mpirun): ``NCCLLAB_RANK``/``NCCLLAB_NRANKS`` and ``NCCL_COMM_ID=127.0.0.1:port``; rank 0
   hosts the bootstrap root at that address (NCCL's ``NCCL_COMM_ID`` behaviour).
 * torchrun style: ``RANK``/``WORLD_SIZE`` with ``MASTER_ADDR``/``MASTER_PORT`` as the root address.
-``spawn`` watches its children: when one fails it gives the others the deadline to report, then kills the rest,
-and finally removes any shared-memory segment of the run that a crash left in ``/dev/shm``.
+``spawn`` watches its children: when one fails it gives the others ``FAILURE_GRACE_S`` to report (their peers'
+abort flags and closed sockets reach them within milliseconds), then kills the rest, and finally removes any
+shared-memory segment of the run that a crash left in ``/dev/shm``.
+A rank's uncaught error is one line (``CollectiveError: rank 2: ...``) for the failures we diagnose, a traceback
+for anything else; under mpirun the rank then calls ``MPI_Abort``, as nccl-tests does on an NCCL error, so that
+every rank ends and MPI cleans up its own shared memory.
 """
 from __future__ import annotations
 
@@ -19,9 +23,15 @@ import sys
 import time
 import traceback
 
+from transports.net_plugin import NetError
+from transports.shm_segment import ShmError, sweep
+
 from .bootstrap import UniqueId, get_unique_id
-from .param import timeout_s
-from transports.shm_segment import sweep
+from .device.common import CollectiveError
+from .sockets import BootstrapError
+
+FAILURE_GRACE_S = 5.0
+REPORTED = (CollectiveError, BootstrapError, NetError, ShmError)  # their message names rank, peer and state: one line
 
 
 def under_mpirun() -> bool:
@@ -33,15 +43,43 @@ def launched() -> bool:
     return under_mpirun() or "NCCLLAB_RANK" in os.environ or ("RANK" in os.environ and "WORLD_SIZE" in os.environ)
 
 
-def _atomic_excepthook(exc_type, exc, tb) -> None:
-    """Write a rank's fatal traceback in one ``write``, so that the reports of several ranks never interleave."""
-    text = "".join(traceback.format_exception(exc_type, exc, tb))
+def _fatal_excepthook(exc_type, exc, tb) -> None:
+    """A rank's uncaught error: one line (or a traceback for a bug) in one ``write``, so that the reports of several
+    ranks never interleave; under mpirun, then ``MPI_Abort`` so that no rank waits for this one forever."""
+    if issubclass(exc_type, REPORTED):
+        text = f"{exc_type.__name__}: {exc}\n"
+    else:
+        text = "".join(traceback.format_exception(exc_type, exc, tb))
     os.write(2, text.encode(errors="replace"))
+    if under_mpirun() and not issubclass(exc_type, KeyboardInterrupt):
+        mpi = sys.modules.get("mpi4py.MPI")
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            _unlink_mpi_segments()
+            mpi.COMM_WORLD.Abort(1)
+
+
+def _unlink_mpi_segments() -> None:
+    """MPICH's ``MPI_Abort`` leaves its ``/dev/shm/mpich_shm_*`` file behind (measured with MPICH 5.0 from pip).
+    The job is about to end, so unlink the ones this process maps; the mappings stay valid until then."""
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if "/dev/shm/mpich_shm" in line}
+    except (OSError, IndexError):
+        return
+    for path in paths:
+        try:
+            os.unlink(path.removesuffix(" (deleted)"))
+        except OSError:
+            pass
+
+
+def install_fatal_hook() -> None:
+    sys.excepthook = _fatal_excepthook
 
 
 def rank_env() -> tuple[UniqueId, int, int]:
     """(unique id, nranks, rank) for this process from its environment."""
-    sys.excepthook = _atomic_excepthook
+    install_fatal_hook()
     if "NCCLLAB_RANK" in os.environ:
         rank, nranks = int(os.environ["NCCLLAB_RANK"]), int(os.environ["NCCLLAB_NRANKS"])
         return get_unique_id(), nranks, rank
@@ -77,7 +115,7 @@ def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1)
         extra = {"NCCL_HOSTID": f"nccllab-node{r * nodes // nranks}"} if nodes > 1 else {}
         procs.append(subprocess.Popen([sys.executable, *argv], env={**base, "NCCLLAB_RANK": str(r), **extra}))
     rc, first_failure = 0, None
-    grace = timeout_s() + 10.0
+    grace = FAILURE_GRACE_S
     try:
         while any(p.returncode is None for p in procs):
             for p in procs:

@@ -10,6 +10,7 @@ import os
 NCCL_STEPS = 8
 MAXCHANNELS = 64
 DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_WARN_AFTER_S = 5.0
 
 
 def env_int(name: str, default: int) -> int:
@@ -28,12 +29,25 @@ def env_str(name: str, default: str = "") -> str:
     return os.environ.get(name, default).strip()
 
 
+def _seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
+    return value
+
+
 def timeout_s() -> float:
     """Deadline for every wait (``NCCLLAB_TIMEOUT`` seconds).  NCCL itself waits forever; we never do."""
-    raw = os.environ.get("NCCLLAB_TIMEOUT", "").strip()
-    if not raw:
-        return DEFAULT_TIMEOUT_S
-    value = float(raw)
-    if value <= 0:
-        raise ValueError(f"NCCLLAB_TIMEOUT={raw!r} must be positive")
-    return value
+    return _seconds("NCCLLAB_TIMEOUT", DEFAULT_TIMEOUT_S)
+
+
+def warn_after_s() -> float:
+    """A wait without progress for this long prints one WARN line naming what it waits for
+    (``NCCLLAB_WARN_AFTER`` seconds, default 5)."""
+    return _seconds("NCCLLAB_WARN_AFTER", DEFAULT_WARN_AFTER_S)

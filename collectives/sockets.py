@@ -81,11 +81,15 @@ def parse_addr(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def listen(addr: str, port: int = 0) -> socket.socket:
+def listen(addr: str, port: int = 0, what: str = "socket") -> socket.socket:
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((addr, port))
-    srv.listen(1024)
+    try:
+        srv.bind((addr, port))
+        srv.listen(1024)
+    except OSError as exc:
+        srv.close()
+        raise BootstrapError(f"{what} cannot listen on {addr}:{port}: {exc.strerror}") from None
     return srv
 
 
@@ -166,17 +170,24 @@ def _boot_id() -> str:
         return ""
 
 
-def pid_alive(pid: int) -> bool:
-    """True unless the process is gone or a zombie (a SIGKILLed child not yet reaped still has a pid)."""
+def pid_state(pid: int) -> str:
+    """The process state letter from ``/proc`` (``R``, ``S``, ``T`` stopped, ``t`` traced, ``Z`` ...), or ``""``."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        try:
-            os.kill(pid, 0)
-            return True
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
+        return ""
+
+
+def pid_alive(pid: int) -> bool:
+    """True unless the process is gone or a zombie (a SIGKILLed child not yet reaped still has a pid)."""
+    state = pid_state(pid)
+    if state:
+        return state not in ("Z", "X")
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True

@@ -1,7 +1,9 @@
 """Per-rank status page in shared memory: NCCL's ``comm->abortFlag`` plus the collective each rank is running.
 
 NCCL's kernels poll ``*comm->abortFlag``; here every local rank maps every other rank's page, so a rank that fails
-(bad input, timeout) raises the flag with its reason and its peers stop waiting at once and report it.
+(bad input, timeout) raises the flag with its reason and its peers stop waiting at once and report it.  A rank
+that destroys its communicator marks its page with the number of collectives it completed, so a peer still
+waiting in a later one knows at once that it will never come (ours: NCCL would wait forever).
 Deliberate addition: each collective's signature (opCount, function, count, datatype, op, root) is published
 before any data moves, and a rank compares its predecessor's before consuming its data, so a count, dtype or op
 mismatch is a clear error instead of a silent wrong result or a hang.  NCCL does not check this.
@@ -23,7 +25,7 @@ FUNC_CODES = {"Broadcast": 0, "Reduce": 1, "AllGather": 2, "ReduceScatter": 3, "
 class StatusPage:
     def __init__(self, seg: ShmSegment):
         self.seg = seg
-        self.words = seg.i64(0, 2)
+        self.words = seg.i64(0, 4)  # abort flag, pid, destroyed flag, collectives completed when destroyed
         self.desc = seg.i64(DESC_OFFSET, DESC_SLOTS * DESC_WORDS).reshape(DESC_SLOTS, DESC_WORDS)
 
     @classmethod
@@ -50,6 +52,19 @@ class StatusPage:
     @property
     def message(self) -> str:
         return bytes(self.seg.array[MSG_OFFSET:MSG_OFFSET + MSG_BYTES]).rstrip(b"\0").decode(errors="replace")
+
+    # --- destroyed ---
+    def mark_destroyed(self, completed: int) -> None:
+        self.words[3] = completed
+        self.words[2] = 1  # flag after count
+
+    @property
+    def destroyed(self) -> bool:
+        return bool(self.words[2])
+
+    @property
+    def completed(self) -> int:
+        return int(self.words[3])
 
     # --- collective signatures ---
     def publish(self, op_count: int, signature: tuple) -> None:

@@ -6,19 +6,38 @@ and the counter (tail, head, LL/LL128 flag), plus its last trace events when tra
 ``diagnose`` builds the wait-for graph: a rank that others wait for but that wrote no report never entered the
 collective, died, or is stuck outside it; if every rank is waiting, the one furthest behind (lowest opCount)
 is the cause; otherwise it is a cycle (mismatched calls).
-Reports go to ``NCCLLAB_HANG_DIR``, else the trace directory, else ``$TMPDIR/nccllab-hang-<comm tag>``.
+Reports go to ``NCCLLAB_HANG_DIR``, else the trace directory, else ``$TMPDIR/nccllab-hangs/<comm tag>``; the
+rank prints the path.  Only the newest ``KEEP`` runs are kept under ``$TMPDIR/nccllab-hangs``.
 """
 from __future__ import annotations
 
 import glob
 import json
 import os
+import shutil
 import tempfile
 
 
+KEEP = 20
+
+
 def report_dir(tag: str) -> str:
-    return (os.environ.get("NCCLLAB_HANG_DIR", "").strip() or os.environ.get("NCCLLAB_TRACE", "").strip()
-            or os.path.join(tempfile.gettempdir(), f"nccllab-hang-{tag}"))
+    chosen = os.environ.get("NCCLLAB_HANG_DIR", "").strip() or os.environ.get("NCCLLAB_TRACE", "").strip()
+    if chosen:
+        return chosen
+    parent = os.path.join(tempfile.gettempdir(), "nccllab-hangs")
+    _prune(parent, KEEP - 1)
+    return os.path.join(parent, tag)
+
+
+def _prune(parent: str, keep: int) -> None:
+    """Remove all but the newest ``keep`` run folders (several ranks may prune at once: ignore races)."""
+    try:
+        runs = sorted((e for e in os.scandir(parent) if e.is_dir()), key=lambda e: e.stat().st_mtime)
+    except OSError:
+        return
+    for entry in runs[:max(0, len(runs) - keep)]:
+        shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def write_report(directory: str, report: dict) -> str:

@@ -249,6 +249,9 @@ class Proxy(threading.Thread):
                 op_peer = op.nc.conn.peer
                 self.error = f"NET connection with rank {op_peer} (channel {op.nc.channel}) failed: {exc}"
                 return
+            except Exception as exc:  # a bug: report it through the kernel rather than die silently
+                self.error = f"proxy thread failed on channel {op.nc.channel}: {type(exc).__name__}: {exc}"
+                raise
             if progressed:
                 idle = 0
             else:

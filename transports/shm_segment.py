@@ -3,10 +3,12 @@
 A segment is a file under ``/dev/shm`` (what ``shm_open`` uses on Linux), sized with ``ftruncate`` and mapped with
 ``mmap``.  Names start with ``nccllab-<commtag>-`` so that a launcher can sweep whatever a crash left behind.
 Like NCCL, the creator unlinks the name as soon as every peer has mapped it: the mapping lives on, and nothing is
-left in ``/dev/shm`` even if a process is later killed.
+left in ``/dev/shm`` even if a process is later killed.  Like NCCL's ``ncclOsShmOpen`` the creator reserves every
+page with ``fallocate``, so that a full ``/dev/shm`` is an error at creation and not a SIGBUS at the first store.
 """
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 
@@ -14,6 +16,10 @@ import numpy as np
 
 SHM_DIR = "/dev/shm"
 PREFIX = "nccllab-"
+
+
+class ShmError(RuntimeError):
+    """A segment could not be created or mapped: the name, the size and the system's reason."""
 
 
 class ShmSegment:
@@ -27,7 +33,14 @@ class ShmSegment:
         try:
             if create:
                 os.ftruncate(fd, size)  # tmpfs pages read as zero: counters start at 0, flags never match
+                os.posix_fallocate(fd, 0, size)
             self.mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as exc:
+            if create:
+                unlink_name(name)
+            hint = f"; {SHM_DIR} is full: free it or lower NCCL_BUFFSIZE" if exc.errno == errno.ENOSPC else ""
+            raise ShmError(f"failed to extend {path} to {size} bytes: {exc.strerror} "
+                           f"({errno.errorcode.get(exc.errno, exc.errno)}){hint}") from None
         finally:
             os.close(fd)
         self.array = np.frombuffer(self.mm, dtype=np.uint8)

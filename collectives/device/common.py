@@ -5,7 +5,9 @@ Each channel's work is a generator (``run_ring`` ...) that yields whenever it wo
 kernel steps them round-robin in this one process, so every channel progresses whatever the others wait for.
 When nothing moves, it spins a little, then gives the CPU away with ``sched_yield`` (8 ranks on 2 cores must all
 progress), and every few milliseconds checks the deadline, the peers' abort flags and whether they are alive.
-NCCL spins on ``*comm->abortFlag`` every 10 000 loads; we add the deadline so that no wait is endless.
+NCCL spins on ``*comm->abortFlag`` every 10 000 loads; we add the deadline so that no wait is endless, and a
+WARN line once a wait has gone ``NCCLLAB_WARN_AFTER`` seconds without progress (NCCL prints nothing: a user of a
+hung job cannot tell whom it waits for, NVIDIA/nccl#1260).
 On an oversubscribed host (more local ranks than cores) a blocked rank sleeps on the counter it waits for
 (``futex``) instead of spinning, so that the rank it waits for gets the core.
 """
@@ -15,7 +17,7 @@ import os
 import time
 from typing import Callable, Iterator
 
-from collectives.param import timeout_s
+from collectives.param import timeout_s, warn_after_s
 
 from tracing.events import now
 
@@ -34,8 +36,12 @@ class CollectiveError(RuntimeError):
 
 class Kernel:
     def __init__(self, rank: int, op_count: int, func: str, health: Callable[["Kernel"], None],
-                 check_peer_op: Callable[[int], None], oversubscribed: bool = False):
+                 check_peer_op: Callable[[int], None], oversubscribed: bool = False,
+                 suspects: Callable[[], str] = str, warn: Callable[[str], None] = print):
+        """``suspects()`` adds what is known of the peers to a deadline message (e.g. a stopped process);
+        ``warn`` prints the early WARN line."""
         self.rank, self.op_count, self.func = rank, op_count, func
+        self.suspects, self.warn = suspects, warn
         self.sleep = oversubscribed and futex.AVAILABLE
         self.tracer = None
         self.progress = 0
@@ -72,7 +78,8 @@ class Kernel:
 
     def run(self, works: list[Iterator]) -> None:
         active = list(works)
-        deadline_s = timeout_s()
+        deadline_s, warn_s = timeout_s(), warn_after_s()
+        warned = False
         last_progress, last_change = -1, time.monotonic()
         next_check = last_change + CHECK_EVERY_S
         spins, armed = 0, None
@@ -88,6 +95,7 @@ class Kernel:
                 self.wait_state.clear()
                 last_change = time.monotonic()
                 next_check = last_change + CHECK_EVERY_S
+                warned = False
                 continue
             spins += 1
             if spins < SPINS_BEFORE_YIELD:
@@ -110,4 +118,8 @@ class Kernel:
             if now - last_change > deadline_s:
                 raise CollectiveError(
                     f"rank {self.rank}: {self.func} (opCount {self.op_count}) made no progress for "
-                    f"{deadline_s:g} s (NCCLLAB_TIMEOUT): {self.describe_wait()}")
+                    f"{deadline_s:g} s (NCCLLAB_TIMEOUT): {self.describe_wait()}{self.suspects()}")
+            if not warned and now - last_change > warn_s:
+                warned = True
+                self.warn(f"rank {self.rank}: {self.func} (opCount {self.op_count}) has made no progress for "
+                          f"{warn_s:g} s (NCCLLAB_WARN_AFTER): {self.describe_wait()}{self.suspects()}")

@@ -1,0 +1,24 @@
+"""The fault suite: each fault, injected into a real job under mpirun (and our own launcher), gives a one-line
+error naming the culprit, ends every rank within the deadline plus a few seconds, and leaves nothing behind."""
+import pytest
+
+from faults import DEADLINE_S, FAULTS, MPIRUN, run_fault
+
+LAUNCHERS = ["mpirun", "spawn"]
+
+
+@pytest.mark.parametrize("kind", sorted(FAULTS))
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_fault_ends_the_job_naming_the_culprit(kind, launcher):
+    if launcher == "mpirun" and MPIRUN is None:
+        pytest.skip("mpirun not installed")
+    if launcher == "spawn" and kind == "port_taken":
+        pytest.skip("our launcher picks a free bootstrap port itself")
+    r = run_fault(kind, launcher)
+    assert r.returncode != 0, r.output[-3000:]
+    assert "unexpected success" not in r.output
+    assert r.message, f"no line names the culprit:\n{r.output[-4000:]}"
+    assert "Traceback" not in r.output, r.output[-4000:]
+    assert r.elapsed_s < DEADLINE_S + 10 + 8, f"the job took {r.elapsed_s:.1f} s to end"  # + start-up
+    assert not r.left_procs, r.left_procs
+    assert not r.left_shm, r.left_shm
