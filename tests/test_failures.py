@@ -50,3 +50,30 @@ def test_stuck_rank_in_a_tree_names_the_thread_group():
     assert msgs, proc.stderr[-3000:]
     assert any("from rank 1" in m for m in msgs), msgs
     assert any("(tree broadcast, recv) step 0 waiting for tail from rank 1" in m for m in msgs), msgs
+
+
+def test_early_warning_names_the_wait_and_the_report_path_is_printed(tmp_path):
+    """A wait without progress for NCCLLAB_WARN_AFTER prints one WARN line (who, channel, step, peer) long before
+    the deadline; at the deadline the hang report goes where NCCLLAB_HANG_DIR says, and the rank prints its path."""
+    proc = run_ranks(3, "stuck", "9", env={"NCCLLAB_TIMEOUT": "4", "NCCLLAB_WARN_AFTER": "1",
+                                           "NCCLLAB_HANG_DIR": str(tmp_path)}, check=False, timeout=120)
+    assert proc.returncode != 0
+    warns = [ln for ln in proc.stderr.splitlines() if "NCCL WARN" in ln and "NCCLLAB_WARN_AFTER" in ln]
+    # ring 0 -> 1 -> 2: rank 2 waits for the absent rank 1, rank 0 for rank 2
+    assert any(re.search(r"rank 2: AllReduce \(opCount 0\) has made no progress for 1 s \(NCCLLAB_WARN_AFTER\): "
+                         r"channel 0 step \d+ waiting for tail from rank 1", w) for w in warns), proc.stderr[-3000:]
+    assert len([w for w in warns if "rank 2:" in w]) == 1, warns  # once per stall, not every check
+    paths = re.findall(r"hang report written to (\S+)", proc.stderr)
+    assert paths and all(p.startswith(str(tmp_path)) for p in paths), proc.stderr[-3000:]
+    assert all((tmp_path / p.rsplit("/", 1)[1]).exists() for p in paths)
+
+
+def test_peer_that_exits_cleanly_is_reported_at_once():
+    """Rank 1 leaves without entering the collective: the others name it within a second or two, not at the
+    deadline."""
+    t0 = time.monotonic()
+    proc = run_ranks(3, "stuck", "0.3", env={"NCCLLAB_TIMEOUT": "60"}, check=False, timeout=120)
+    assert proc.returncode != 0
+    assert re.search(r"CollectiveError: rank [02]: rank 1 (\(pid \d+\) is gone|destroyed its communicator)", proc.stderr), proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert time.monotonic() - t0 < 20

@@ -1,6 +1,7 @@
 """Under a real mpirun: the NET path keeps progressing whatever the caller does between collectives, and a rank
 that fails ends the whole job (MPI_Abort), leaving nothing behind."""
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,19 @@ def mpirun(n: int, *args: str, env: dict | None = None, timeout: float = 120) ->
 
 def mpich_files() -> set[str]:
     return {n for n in os.listdir("/dev/shm") if n.startswith("mpich_shm")}
+
+
+def test_soak_short():
+    """CI's short soak (the long one is ``benchmarks/soak.py --count 1000``): random collectives, sizes, types, ops,
+    protocols, algorithms, channels and node splits, each bitwise against the reference, MPI and Python work in
+    between."""
+    full_env = {**os.environ, "NCCL_SOCKET_IFNAME": "lo", "NCCLLAB_TIMEOUT": "30"}
+    proc = subprocess.run([MPIRUN, "-n", "4", sys.executable, str(ROOT / "benchmarks" / "soak.py"), "--seconds", "35",
+                           "--count", "100000", "--per-comm", "15"], env=full_env, capture_output=True, text=True,
+                          timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert re.search(r"soak: \d+ collectives on 4 ranks, \d+ communicators, .*: 0 wrong, 0 hangs", proc.stdout)
+    assert int(re.search(r"soak: (\d+) collectives", proc.stdout).group(1)) >= 50
 
 
 def test_net_progresses_while_the_caller_holds_the_gil():

@@ -1,0 +1,162 @@
+"""Soak: many random collectives under mpirun, every result checked bitwise, with the caller busy in between.
+
+    python benchmarks/soak.py [-g 4] [--count 1000] [--seconds S] [--seed N] [--max-bytes 8M]
+
+Runs itself under ``mpirun -n G`` when it is not under one.  Every ``--per-comm`` collectives all ranks destroy
+their communicator and open a new one with a random configuration: emulated node split (``NCCL_HOSTID``: 1, 2
+or G nodes, so NET and its proxy thread carry the inter-node links), ``NCCL_PROTO`` (Simple, LL, LL128 or the
+cost model's choice), ``NCCL_ALGO`` (Ring, Tree for AllReduce, or the model's choice) and search channel count
+(1 or 2, doubled by Postset).  Each collective draws its function, size (0 B to ``--max-bytes``, log-uniform),
+type, op, root and placement; inputs are fresh random numbers (every rank derives every rank's input from the
+shared seed, so no data moves to check), outputs are poisoned, and the result is compared bitwise with
+``collectives.reference``.  Between two collectives the rank does MPI calls (one of them mpi4py's lowercase
+``allreduce``, which keeps the GIL while it waits) and pure-Python work.  A hang ends the job through
+NCCLLAB_TIMEOUT and MPI_Abort; the last line reports collectives, wrong results and hangs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+import collectives
+from collectives import reference
+from collectives.device.reduce_copy import DTYPES
+from collectives.launch import under_mpirun
+from collectives.perf import parse_size
+
+OPS = ["sum", "prod", "min", "max", "avg"]
+PROTOS = ["Simple", "LL", "LL128", ""]
+ALGOS = ["Ring", "allreduce:Tree", ""]
+
+
+def inputs(seed: int, n: int, count: int, dtype: np.dtype) -> list[np.ndarray]:
+    out = []
+    for q in range(n):
+        rng = np.random.default_rng([seed, q])
+        if dtype.kind in "iu":
+            info = np.iinfo(dtype)
+            out.append(rng.integers(info.min, info.max, size=count, dtype=dtype, endpoint=True))
+        else:
+            out.append(rng.uniform(-2.0, 2.0, count).astype(dtype))
+    return out
+
+
+def poisoned(count: int, dtype: np.dtype) -> np.ndarray:
+    return np.frombuffer(b"\xff" * (count * dtype.itemsize), dtype).copy()
+
+
+def one_collective(comm, rng: np.random.Generator, seed: int, max_bytes: int) -> tuple[str, bool]:
+    """Draw one collective, run it, compare with the reference: (description, equal)."""
+    n, r = comm.nranks, comm.rank
+    func = str(rng.choice(["AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce"]))
+    dtype = DTYPES[str(rng.choice(sorted(DTYPES)))]
+    op, root, in_place = str(rng.choice(OPS)), int(rng.integers(n)), bool(rng.integers(2))
+    nbytes = 0 if rng.random() < 0.05 else int(2 ** rng.uniform(0, np.log2(max_bytes)))
+    per_rank = func in ("AllGather", "ReduceScatter")
+    count = nbytes // dtype.itemsize // (n if per_rank else 1)
+    kw = comm.reference_config(func, count, dtype)
+    what = f"{func} count={count} {dtype} op={op} root={root} in_place={in_place} {kw['algo']}/{kw['proto']}"
+    if func == "AllReduce":
+        xs = inputs(seed, n, count, dtype)
+        out = xs[r].copy() if in_place else poisoned(count, dtype)
+        got, want = comm.all_reduce(out if in_place else xs[r], op=op, out=out), reference.all_reduce(xs, op, **kw)
+    elif func == "ReduceScatter":
+        xs = inputs(seed, n, count * n, dtype)
+        buf = xs[r].copy()
+        out = buf[r * count:(r + 1) * count] if in_place else poisoned(count, dtype)
+        got, want = comm.reduce_scatter(buf, op=op, out=out), reference.reduce_scatter(xs, r, op, **kw)
+    elif func == "AllGather":
+        xs = inputs(seed, n, count, dtype)
+        out = poisoned(count * n, dtype)
+        mine = out[r * count:(r + 1) * count] if in_place else xs[r]
+        mine[...] = xs[r]
+        got, want = comm.all_gather(mine, out=out), reference.all_gather(xs)
+    elif func == "Broadcast":
+        xs = inputs(seed, n, count, dtype)
+        out = (xs[r].copy() if r == root else poisoned(count, dtype)) if in_place else poisoned(count, dtype)
+        got, want = comm.broadcast(out if in_place else xs[r], root=root, out=out), reference.broadcast(xs, root)
+    else:
+        xs = inputs(seed, n, count, dtype)
+        out = xs[r].copy() if in_place else poisoned(count, dtype)
+        got = comm.reduce(out if in_place else xs[r], root=root, op=op, out=out)
+        if r != root:
+            return what, True
+        want = reference.reduce(xs, root, op, **kw)
+    u = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[dtype.itemsize]
+    return what, bool(np.array_equal(np.asarray(got).view(u), np.asarray(want).view(u)))
+
+
+def busy(world, rng: np.random.Generator, mpi) -> None:
+    """What a training script does between collectives: MPI calls and Python work."""
+    kind = int(rng.integers(4))
+    if kind == 0:
+        world.allreduce(1, op=mpi.SUM)  # keeps the GIL while it waits
+    elif kind == 1:
+        world.Barrier()
+    elif kind == 2:
+        buf = np.ones(64, np.float64)
+        world.Allreduce(mpi.IN_PLACE, buf)
+    end = time.perf_counter() + float(rng.uniform(0, 0.001))
+    while time.perf_counter() < end:
+        pass
+
+
+def new_comm(world, rng: np.random.Generator, nodes_choices: list[int]):
+    nodes = int(rng.choice(nodes_choices))
+    if nodes > 1:
+        os.environ["NCCL_HOSTID"] = f"nccllab-soak-node{world.rank * nodes // world.size}"
+    else:
+        os.environ.pop("NCCL_HOSTID", None)
+    proto, algo, nch = str(rng.choice(PROTOS)), str(rng.choice(ALGOS)), int(rng.integers(1, 3))
+    uid = world.bcast(collectives.get_unique_id().to_bytes() if world.rank == 0 else None)
+    comm = collectives.Communicator(uid, world.size, world.rank, nchannels=nch, protocols=proto, algorithms=algo)
+    return comm, f"nodes={nodes} proto={proto or 'auto'} algo={algo or 'auto'} channels={comm.nchannels}"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("-g", "--nranks", type=int, default=4, help="ranks to start under mpirun (default 4)")
+    p.add_argument("--count", type=int, default=1000, help="collectives to run (default 1000)")
+    p.add_argument("--seconds", type=float, default=0, help="stop after this long instead (0: no limit)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
+    p.add_argument("--max-bytes", type=parse_size, default=parse_size("8M"), help="largest message (default 8M)")
+    p.add_argument("--per-comm", type=int, default=25, help="collectives per communicator (default 25)")
+    a = p.parse_args()
+    if not under_mpirun():
+        mpirun = shutil.which("mpirun") or sys.exit("soak.py: mpirun not found (pip install mpich)")
+        os.execv(mpirun, [mpirun, "-n", str(a.nranks), sys.executable, __file__, *sys.argv[1:]])
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    seed = world.bcast(a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little"))
+    rng = np.random.default_rng(seed)  # the same draws on every rank
+    nodes_choices = sorted({1, 2, world.size} - {0})
+    t0, done, wrong, comms = time.monotonic(), 0, 0, 0
+    comm = None
+    while done < a.count and not (a.seconds and time.monotonic() - t0 > a.seconds):
+        if done % a.per_comm == 0:
+            if comm is not None:
+                comm.destroy()
+            comm, config = new_comm(world, rng, nodes_choices)
+            comms += 1
+        what, ok = one_collective(comm, rng, seed * 1_000_003 + done, a.max_bytes)
+        if not ok:
+            wrong += 1
+            print(f"rank {world.rank}: WRONG {what} [{config}]", flush=True)
+        busy(world, rng, MPI)
+        done += 1
+    if comm is not None:
+        comm.destroy()
+    wrong = world.allreduce(wrong, op=MPI.SUM)
+    if world.rank == 0:
+        print(f"soak: {done} collectives on {world.size} ranks, {comms} communicators, seed {seed}, "
+              f"{time.monotonic() - t0:.0f} s: {wrong} wrong, 0 hangs", flush=True)
+    return 1 if wrong else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
