@@ -59,8 +59,9 @@ def _fatal_excepthook(exc_type, exc, tb) -> None:
 
 
 def _unlink_mpi_segments() -> None:
-    """MPICH's ``MPI_Abort`` leaves its ``/dev/shm/mpich_shm_*`` file behind (measured with MPICH 5.0 from pip).
-    The job is about to end, so unlink the ones this process maps; the mappings stay valid until then."""
+    """Unlink the ``/dev/shm/mpich_shm_*`` files this process maps.  MPICH (5.0, from pip) leaves them behind when
+    a job ends by ``MPI_Abort`` or when mpirun SIGKILLs its ranks.  Once every local rank has mapped them (the end
+    of ``MPI_Init``) their names are no longer needed, the rule our own segments follow: the mappings live on."""
     try:
         with open("/proc/self/maps") as f:
             paths = {line.split(None, 5)[5].strip() for line in f if "/dev/shm/mpich_shm" in line}
@@ -88,6 +89,7 @@ def rank_env() -> tuple[UniqueId, int, int]:
         world = MPI.COMM_WORLD
         uid = get_unique_id().to_bytes() if world.rank == 0 else None
         uid = world.bcast(uid, root=0)
+        _unlink_mpi_segments()  # every rank is past MPI_Init, which maps them: see below
         return UniqueId.from_bytes(uid), world.size, world.rank
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         addr = os.environ.get("MASTER_ADDR", "127.0.0.1")

@@ -44,6 +44,7 @@ class FaultResult:
     returncode: int
     elapsed_s: float           # from start to the end of the whole job
     detect_s: float | None     # from the injection to the first rank that noticed it
+    ended_s: float             # from the injection (or the start, for faults at init) to the end of the whole job
     message: str               # the culprit-naming line
     exit_codes: list = field(default_factory=list)
     left_shm: list = field(default_factory=list)
@@ -102,7 +103,8 @@ def run_fault(kind: str, launcher: str = "mpirun", nranks: int = 4, timeout: flo
     finally:
         if held is not None:
             held.close()
-    elapsed = time.monotonic() - t0
+    t_end = time.monotonic()
+    elapsed = t_end - t0
     for _ in range(40):  # mpirun may return a moment before the last rank is reaped
         procs = _procs_with(token)
         if not procs:
@@ -111,9 +113,10 @@ def run_fault(kind: str, launcher: str = "mpirun", nranks: int = 4, timeout: flo
     inject = [float(t) for t in re.findall(r"INJECT \S+ ([\d.]+)", out)]
     detected = [float(t) for t in re.findall(r"DETECTED ([\d.]+)", out)]
     detect = (min(detected) - inject[0]) if inject and detected else None
+    ended = t_end - (inject[0] if inject else t0)
     victim = nranks - 1
     pattern = FAULTS[kind][1].format(v=victim)
     lines = [ln for ln in out.splitlines() if re.search(pattern, ln)]
     shutil.rmtree(f"/tmp/{token}", ignore_errors=True)
-    return FaultResult(kind, launcher, rc, elapsed, detect, lines[0].strip() if lines else "",
+    return FaultResult(kind, launcher, rc, elapsed, detect, ended, lines[0].strip() if lines else "",
                        left_shm=_left_in_shm(set(re.findall(r"JOBSHM (\S+)", out))), left_procs=procs, output=out)

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(MPIRUN is None, reason="mpirun not installed")
 
 def mpirun(n: int, *args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "NCCL_SOCKET_IFNAME": "lo", "NCCLLAB_TIMEOUT": "20", **(env or {})}
-    return subprocess.run([MPIRUN, "-n", str(n), sys.executable, str(ROOT / "tests" / "mpirun_workers.py"), *args],
+    return subprocess.run([MPIRUN, "-n", str(n), sys.executable, str(ROOT / "tests" / "job_workers.py"), *args],
                           env=full_env, capture_output=True, text=True, timeout=timeout)
 
 
