@@ -69,54 +69,74 @@ def _taken_port() -> tuple[socket.socket, int]:
     return s, s.getsockname()[1]
 
 
-def run_fault(kind: str, launcher: str = "mpirun", nranks: int = 4, timeout: float = 90) -> FaultResult:
-    nodes, _ = FAULTS[kind]
-    token = f"nccllab-fault-{uuid.uuid4().hex[:12]}"
-    env = {**os.environ, "NCCL_SOCKET_IFNAME": "lo", "NCCLLAB_TIMEOUT": str(DEADLINE_S),
-           "NCCLLAB_HANG_DIR": f"/tmp/{token}"}
-    worker = "fault"
-    held = None
-    if kind.startswith("sigkill"):
-        worker_kind = "sigkill"
-    else:
-        worker_kind = kind
-    if kind == "port_taken":
-        held, port = _taken_port()
-        env["NCCL_COMM_ID"] = f"127.0.0.1:{port}"
-    args = [sys.executable, str(WORKERS), worker, worker_kind, str(nodes), token]
+def _env_ranks(nranks: int, args: list, env: dict, t0: float, timeout: float) -> tuple[str, list[int]]:
+    """torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT) with no launcher watching: every rank must
+    end by itself.  Returns the output and each rank's exit code."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen(args, env={**env, "RANK": str(r), "WORLD_SIZE": str(nranks), "MASTER_ADDR": "127.0.0.1",
+                                         "MASTER_PORT": str(port)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=ROOT) for r in range(nranks)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=max(1.0, timeout - (time.monotonic() - t0)))[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + "\n(still running at the test's timeout: killed)")
+    return "\n".join(outs), [p.returncode for p in procs]
+
+
+def _command(kind: str, launcher: str, nranks: int, args: list) -> list[str]:
+    nodes = FAULTS[kind][0]
     if launcher == "mpirun":
         cmd = [MPIRUN, "-n", str(nranks), *args]
     else:
         code = ("import sys; from collectives.launch import spawn; "
                 f"sys.exit(spawn({nranks}, sys.argv[1:], nodes={nodes}))")
         cmd = [sys.executable, "-c", code, *args[1:]]
-        if kind == "port_taken":
-            pytest_skip = "our launcher picks its own bootstrap port"
-            raise ValueError(pytest_skip)
-    if kind == "shm_full":  # a private, nearly full /dev/shm: room for the status pages, not for the FIFOs
+    if kind == "shm_full":  # a private, nearly full /dev/shm: room for MPI and the status pages, not the FIFOs
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                'mount -t tmpfs -o size=5M tmpfs /dev/shm && exec "$@"', "sh", *cmd]
+    return cmd
+
+
+def run_fault(kind: str, launcher: str = "mpirun", nranks: int = 4, timeout: float = 90) -> FaultResult:
+    """``launcher``: ``mpirun``, ``spawn`` (ours) or ``torchrun-env`` (the ranks alone, with torchrun's
+    variables).  The last rank is the culprit."""
+    token = f"nccllab-fault-{uuid.uuid4().hex[:12]}"
+    env = {**os.environ, "NCCL_SOCKET_IFNAME": "lo", "NCCLLAB_TIMEOUT": str(DEADLINE_S),
+           "NCCLLAB_HANG_DIR": f"/tmp/{token}"}
+    held = None
+    if kind == "port_taken":
+        held, port = _taken_port()
+        env["NCCL_COMM_ID"] = f"127.0.0.1:{port}"
+    args = [sys.executable, str(WORKERS), "fault", kind.split("_")[0] if kind.startswith("sigkill") else kind,
+            str(FAULTS[kind][0]), token]
     t0 = time.monotonic()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
-        rc, out = proc.returncode, proc.stdout + proc.stderr
+        if launcher == "torchrun-env":
+            out, codes = _env_ranks(nranks, args, env, t0, timeout)
+            rc = next((c for c in codes if c), 0)
+        else:
+            proc = subprocess.run(_command(kind, launcher, nranks, args), env=env, capture_output=True, text=True,
+                                  timeout=timeout, cwd=ROOT)
+            rc, out, codes = proc.returncode, proc.stdout + proc.stderr, [proc.returncode]
     finally:
         if held is not None:
             held.close()
     t_end = time.monotonic()
-    elapsed = t_end - t0
     for _ in range(40):  # mpirun may return a moment before the last rank is reaped
         procs = _procs_with(token)
         if not procs:
             break
         time.sleep(0.05)
+    shutil.rmtree(f"/tmp/{token}", ignore_errors=True)
     inject = [float(t) for t in re.findall(r"INJECT \S+ ([\d.]+)", out)]
     detected = [float(t) for t in re.findall(r"DETECTED ([\d.]+)", out)]
-    detect = (min(detected) - inject[0]) if inject and detected else None
-    ended = t_end - (inject[0] if inject else t0)
-    victim = nranks - 1
-    pattern = FAULTS[kind][1].format(v=victim)
-    lines = [ln for ln in out.splitlines() if re.search(pattern, ln)]
-    shutil.rmtree(f"/tmp/{token}", ignore_errors=True)
-    return FaultResult(kind, launcher, rc, elapsed, detect, ended, lines[0].strip() if lines else "",
-                       left_shm=_left_in_shm(set(re.findall(r"JOBSHM (\S+)", out))), left_procs=procs, output=out)
+    pattern = FAULTS[kind][1].format(v=nranks - 1)
+    lines = [ln.strip() for ln in out.splitlines() if re.search(pattern, ln)]
+    return FaultResult(kind, launcher, rc, t_end - t0, (min(detected) - inject[0]) if inject and detected else None,
+                       t_end - (inject[0] if inject else t0), lines[0] if lines else "", codes,
+                       _left_in_shm(set(re.findall(r"JOBSHM (\S+)", out))), procs, out)

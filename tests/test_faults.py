@@ -22,3 +22,14 @@ def test_fault_ends_the_job_naming_the_culprit(kind, launcher):
     assert r.ended_s < DEADLINE_S + 10, f"the job ended {r.ended_s:.1f} s after the fault"
     assert not r.left_procs, r.left_procs
     assert not r.left_shm, r.left_shm
+
+
+@pytest.mark.parametrize("kind", ["sigkill_shm", "mismatch", "skip_destroy"])
+def test_torchrun_style_ranks_end_by_themselves(kind):
+    """With torchrun's variables and no launcher to kill anyone, every surviving rank still ends, non-zero."""
+    r = run_fault(kind, "torchrun-env", nranks=3)
+    survivors = r.exit_codes[:-1]  # the last rank is the culprit
+    assert survivors and all(c != 0 for c in survivors), (r.exit_codes, r.output[-3000:])
+    assert r.message, r.output[-3000:]
+    assert r.ended_s < DEADLINE_S + 10
+    assert not r.left_procs and not r.left_shm
