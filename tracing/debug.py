@@ -49,9 +49,8 @@ def set_device(dev: int) -> None:
 
 
 def enabled(level: str, subsys: str = "INIT") -> bool:
-    """``subsys`` may name several, ``"INIT|NET"``, as NCCL's ``INFO(NCCL_INIT | NCCL_NET, ...)``: any one enables."""
     st = _init()
-    return st["level"] >= LEVELS[level] and (level == "WARN" or any(s in st["mask"] for s in subsys.split("|")))
+    return st["level"] >= LEVELS[level] and (level == "WARN" or subsys in st["mask"])
 
 
 def _prefix() -> str:

@@ -28,10 +28,13 @@ class LogFacts:
     choices: list = field(default_factory=list)           # (func, bytes, algo, proto)
     tuning_table: bool = False
     ranks_seen: set = field(default_factory=set)
+    info_lines: int = 0                                   # lines with NCCL's "NCCL INFO" marker
 
 
-def is_nccl_log(log: NcclLog) -> bool:
-    return bool(log.local_ranks or log.rings or log.trees or log.transports)
+def is_nccl_log(facts: LogFacts) -> bool:
+    """At least one ``NCCL INFO`` line, and one of the lines this module reads."""
+    log = facts.log
+    return facts.info_lines > 0 and bool(log.local_ranks or log.rings or log.trees or log.transports)
 
 
 def read(text: str) -> LogFacts:
@@ -40,6 +43,9 @@ def read(text: str) -> LogFacts:
     facts = LogFacts(log)
     rank_of_pid: dict[tuple, int] = {}
     for line in text.splitlines():
+        if "NCCL INFO" not in line:
+            continue
+        facts.info_lines += 1
         pm = _PID.match(line)
         m = re.search(r"comm 0x[0-9a-f]+ rank (\d+) nRanks", line)
         if m and pm:

@@ -54,11 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--max-channels", type=int, default=8, help="rings of at most this many channels (default 8)")
     q.add_argument("--max-rings", type=int, default=4, help="trees of at most this many rings (default 4)")
     kind("explain", ("NCCL_LOG", "a real NCCL_DEBUG=INFO log"), "output folder: report.txt and the diagrams")
-    kind("curves", ("INPUT", "runner --json files, nccl-tests text output, series JSON (MPI, collectives.tune "
-                    "--series); any mix"), "the PNG to write")
+    q = kind("curves", ("INPUT", "runner --json files, nccl-tests text output, series JSON (MPI, collectives.tune "
+                        "--series); any mix"), "the PNG to write")
+    q.add_argument("--skip", action="append", default=[], metavar="TEXT", help="leave out series whose label "
+                   "contains TEXT (repeatable; default: none), e.g. a measurement given twice")
     q = sub.add_parser("sweep", help=KINDS["sweep"], description=KINDS["sweep"])
     q.add_argument("-o", "--out", required=True, help="output folder: bench.json and curve.png")
-    q.add_argument("--title", default="", help="title of the plot")
+    q.add_argument("--title", default="", help="title of the plot (default: a generic one)")
     q.add_argument("-g", "--nranks", type=int, default=2, help="ranks under mpirun, >= 1 (default 2)")
     q.add_argument("-b", default="8", help="smallest size, nccl-tests syntax (default 8)")
     q.add_argument("-e", default="64M", help="largest size (default 64M)")
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
 def _run(a) -> list[str]:
     from . import curves, diagrams
     if a.kind == "curves":
-        return [curves.plot(a.inputs, a.out, a.title)]
+        return [curves.plot(a.inputs, a.out, a.title, tuple(a.skip))]
     if a.kind in ("topology", "trees", "flow"):
         from tracing import export
         metas, events = export.load_all(a.inputs)

@@ -23,7 +23,7 @@ def read_log(path: str) -> tuple[facts_of.LogFacts, str]:
     with open(path, errors="replace") as f:
         text = f.read()
     facts = facts_of.read(text)
-    if not facts_of.is_nccl_log(facts.log):
+    if not facts_of.is_nccl_log(facts):
         raise LogError(f"{path}: not an NCCL INFO log: no 'comm ... nRanks', 'Channel', 'Trees' or 'via' line "
                        f"(NCCL writes them with NCCL_DEBUG=INFO)")
     return facts, text
@@ -44,7 +44,10 @@ def draw(facts: facts_of.LogFacts, rings_out: str, trees_out: str, name: str, ti
          max_channels: int = 8, max_rings: int = 4, replayed: dict | None = None) -> list[str]:
     """Rings (topology) and trees of the log; returns the files written."""
     log = facts.log
-    n = log.nranks or max(facts.ranks_seen | {r for ring in log.rings.values() for r in ring}) + 1
+    n = log.nranks or max(facts.ranks_seen | {r for ring in log.rings.values() for r in ring}
+                          | {r for (_, a, b) in log.transports for r in (a, b)}, default=-1) + 1
+    if n == 0:
+        return []
     node_of = nodes_of(log, n)
     hosts = [log.host_of.get(node_of.index(k), "?") for k in range(max(node_of) + 1)] if log.host_of else None
     hosts_by_rank = [hosts[node_of[r]] for r in range(n)] if hosts else None
