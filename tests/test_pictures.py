@@ -66,13 +66,14 @@ def test_topology_edges_carry_the_transport_of_the_runs_own_log(ring_run, tmp_pa
     assert node == [0, 0, 1, 1]
     assert {c["label"]: c["nodes"] for c in g.clusters.values()} == {"node 0": {"r0", "r1"}, "node 1": {"r2", "r3"}}
     seen = set()
-    for t, h, a in g.edges:
-        ch, via = re.fullmatch(r"ch(\d+) (\S+)", a["label"]).groups()
+    for t, h, a in g.edges:  # one arrow per link: "ch0,1 NET/Socket/0"
+        chans, via = re.fullmatch(r"ch([\d,]+) (\S+)", a["label"]).groups()
         a_, b_ = int(t[1:]), int(h[1:])
-        logged = log.transports[(int(ch), a_, b_)]       # "Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0"
-        assert via.split("/")[0] == logged.split("/")[0], (t, h, via, logged)
+        for ch in map(int, chans.split(",")):
+            logged = log.transports[(ch, a_, b_)]       # "Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0"
+            assert via.split("/")[0] == logged.split("/")[0], (t, h, via, logged)
+            seen.add((ch, a_, b_))
         assert (via == "NET/Socket/0") == (node[a_] != node[b_])
-        seen.add((int(ch), a_, b_))
     assert seen == {(c, r, ring[(ring.index(r) + 1) % 4]) for c, ring in enumerate(meta["rings"]) for r in ring}
 
 

@@ -53,7 +53,8 @@ def topology(nranks: int, node_of_rank: list[int], rings: list[list[int]], trans
     nnodes = len(set(node_of_rank))
     g = graphviz.Digraph("topology", graph_attr={
         "label": (title or f"{nranks} ranks on {nnodes} node(s), {len(rings)} channel(s)") + note
-        + "\nedge label: channel and the transport that connected it", "labelloc": "t", "rankdir": "LR"},
+        + "\\nedge label: the channels of that link and the transport that connected it", "labelloc": "t",
+        "rankdir": "LR"},
         node_attr={"shape": "box", "style": "rounded,filled"})
     for node in sorted(set(node_of_rank)):
         with g.subgraph(name=f"cluster_node{node}") as sub:
@@ -62,15 +63,16 @@ def topology(nranks: int, node_of_rank: list[int], rings: list[list[int]], trans
             for r in range(nranks):
                 if node_of_rank[r] == node:
                     sub.node(f"r{r}", f"rank {r}", fillcolor=_fill(node))
+    links: dict[tuple, list[int]] = {}  # (from, to, transport) -> channels: one arrow per link, not per channel
     for c, ring in enumerate(shown):
         for i, r in enumerate(ring):
             nxt = ring[(i + 1) % len(ring)]
-            if nxt == r:
-                continue
-            via = transports.get((c, r, nxt), "")
-            inter = node_of_rank[r] != node_of_rank[nxt]
-            g.edge(f"r{r}", f"r{nxt}", label=f"ch{c} {via}".strip(), color=_color(c), fontcolor=_color(c),
-                   penwidth="2" if inter else "1")
+            if nxt != r:
+                links.setdefault((r, nxt, transports.get((c, r, nxt), "")), []).append(c)
+    for (r, nxt, via), chans in links.items():
+        color = _color(chans[0]) if len(chans) == 1 else "#333333"
+        g.edge(f"r{r}", f"r{nxt}", label=f"ch{','.join(map(str, chans))} {via}".strip(), color=color,
+               fontcolor=color, penwidth="2" if node_of_rank[r] != node_of_rank[nxt] else "1")
     return g.source
 
 

@@ -124,7 +124,8 @@ def _ring(meta: dict, channel: int, by_rank: dict, keys: dict, mv: list, title: 
     node_of = meta.get("node_of_rank") or [0] * meta["nranks"]
     nrows = max(len(v) for v in by_rank.values())
     g = graphviz.Digraph("flow", graph_attr={"label": _legend(title), "labelloc": "t", "rankdir": "TB",
-                                             "nodesep": "0.35", "ranksep": "0.45", "newrank": "true"},
+                                             "nodesep": "0.35", "ranksep": "0.45", "newrank": "true",
+                                             "splines": "line"},
                          node_attr={"shape": "box", "fontsize": "10", "width": "2.1"})
     invis = {"style": "invis", "label": ""}
     side = {"shape": "plaintext", "width": "1.3", "fixedsize": "true"}
