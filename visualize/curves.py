@@ -59,8 +59,9 @@ def _unique(series: list[dict], skip: tuple = ()) -> list[dict]:
 
 def model_note(series: list[dict]) -> str:
     """Why the cost model's cpu-lab line sits above our measurement, with the measured factor.  The preset's
-    constants were measured with one rank per core (n=2 on 2 cores); NCCL's model knows one GPU per rank and no
-    time-sharing, so with more ranks than cores every step costs several times the measured constants."""
+    constants were measured on an idle machine with one rank per core (n=2 on 2 cores); NCCL's model knows one GPU
+    per rank and no time-sharing, so with more ranks than cores (8 on 2: 1.4 ms at 8 B against the model's 65 us)
+    every step costs several times the measured constants."""
     models = [s for s in series if s["label"].startswith("NCCL model: cpu-lab")]
     ours = [s for s in series if s["label"].startswith("nccl-lab")]
     ratios = []
@@ -71,8 +72,9 @@ def model_note(series: list[dict]) -> str:
     if not ratios or max(ratios) < 2:
         return ""
     return (f"The cpu-lab model sits {min(ratios):.0f}-{max(ratios):.0f}x above what was measured (busbw): its "
-            f"constants were measured with one rank per core (n=2 on this 2-core machine), and NCCL's model knows "
-            f"no time-sharing; with more ranks than cores each rank gets a fraction of a core. docs/cost_model.md")
+            f"constants were measured on an idle machine with one rank per core (n=2 on 2 cores), and NCCL's model "
+            f"knows no time-sharing; when ranks outnumber cores, or other work shares them, every step costs "
+            f"several times more. See docs/cost_model.md.")
 
 
 def plot(inputs: list[str], out: str, title: str = "", skip: tuple = ()) -> str:
