@@ -147,7 +147,8 @@ def test_ring_flow_is_a_rank_by_step_grid_with_every_send_paired(ring_run, tmp_p
     assert moves == {f"move:r{r}_{i}:r{nxt[r]}_{i + 1}" for r in range(n) for i in range(2 * n - 2)}
     last, first = ring[-1], ring[0]
     for i in range(2 * n - 2):
-        assert f"to rank {first}" in g.nodes[f"wo{i}"]["label"] and f"from rank {last}" in g.nodes[f"wi{i + 1}"]["label"]
+        assert f"to rank {first}" in g.nodes[f"wo{i}"]["label"]
+        assert f"from rank {last}" in g.nodes[f"wi{i + 1}"]["label"]
     # columns under their rank headers, rows on their step
     for name in got:
         r, i = map(int, BOX.match(name).groups())
