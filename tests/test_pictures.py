@@ -160,7 +160,7 @@ def test_ring_flow_is_a_rank_by_step_grid_with_every_send_paired(ring_run, tmp_p
 
 
 def test_tree_flow_pairs_sends_with_receives_up_to_the_root_and_down(tree_run, tmp_path):
-    g = picture("flow", tree_run / "trace", tmp_path / "flow")
+    g = picture("flow", tree_run / "trace", tmp_path / "flow", layout=True)
     meta, events = export.load(str(tree_run / "trace"))
     tree = {int(r): (up, downs) for r, (up, downs) in meta["trees"][0].items()}
     prims = [e for e in events if e["kind"] == "prim" and e["seq"] == 0 and e["channel"] == 0]
@@ -173,11 +173,14 @@ def test_tree_flow_pairs_sends_with_receives_up_to_the_root_and_down(tree_run, t
     steps = [e for e in events if e["kind"] == "step" and e["seq"] == 0 and e["channel"] == 0]
     arrows = {}
     for t, h, a in g.edges:
+        if a.get("style") == "invis":
+            continue  # the grid's scaffolding
         src, dst = int(BOX.match(t)[1]), int(BOX.match(h)[1])
         # the trace has this very message: src's call sends to dst, dst's call receives from src
         assert any(e["rank"] == src and e["send_peer"] == dst and e["prim"] == prim_of[t] for e in steps)
         assert any(e["rank"] == dst and e["recv_peer"] == src and e["prim"] == prim_of[h] for e in steps)
-        arrows[(src, dst)] = (a["label"].split(" ")[0], prim_of[t], prim_of[h])
+        arrows[(src, dst)] = (a["xlabel"].split(" ")[0], prim_of[t], prim_of[h])
+        assert g.pos(t)[1] > g.pos(h)[1]  # a V: every arrow goes down the page, up to the root, then down again
     for r, (up, downs) in tree.items():
         if up != -1:
             assert arrows[(r, up)][0] == "up" and arrows[(up, r)][0] == "down"
@@ -186,6 +189,7 @@ def test_tree_flow_pairs_sends_with_receives_up_to_the_root_and_down(tree_run, t
     mid = tree[leaf_under_middle][0]
     assert arrows[(leaf_under_middle, mid)][1:] == ("send", "recv_reduce_send")  # not into recv_copy_send
     assert arrows[(mid, leaf_under_middle)][1:] == ("recv_copy_send", "recv")
+    assert g.nodes[f"axis{max(i for i in range(9) if f'axis{i}' in g.nodes) // 2}"]["label"] == "root"
 
 
 def test_flow_channel_out_of_range_is_one_line(ring_run, tmp_path):

@@ -12,7 +12,8 @@ the trace has both the send and the receive.
 Layouts: a ring is the textbook grid (one column per rank in ring order under a rank header, one row per step with
 a step axis on the left); its wrap-around arrow (last column to first) is drawn as a pair of labelled stubs,
 "to rank X" on the right and "from rank Y" on the left of the next row, so it never crosses the figure.  A tree
-is a column per rank with the arrows laid out by ``dot``: reduce up to the root, then broadcast down.
+uses the same grid with its ranks in in-order (a parent between its first child and the others) and a row per
+depth: the reduce rises from the deepest ranks to the root, then the broadcast goes down again, a V.
 Boxes and arrows: red = reduce (the receiving call reduces), blue = copy.
 """
 from __future__ import annotations
@@ -110,57 +111,72 @@ def _node(rank: int, i: int) -> str:
     return f"r{rank}_{i}"
 
 
-def _edge_attrs(m: dict, keys: dict, label: str) -> dict:
+def _edge_attrs(m: dict, keys: dict, label: str, where: str = "label") -> dict:
+    """``where``: "xlabel" places the text after layout, next to a long arrow that ``dot`` did not rank by."""
     red = "reduce" in m["dst"][1]
     slices = f" ({m['slices']} slices)" if m["slices"] > 1 else ""
     src, dst = _node(*keys[m["src"]]), _node(*keys[m["dst"]])
-    return {"label": label + slices, "color": REDUCE if red else COPY, "fontcolor": REDUCE if red else COPY,
+    return {where: label + slices, "color": REDUCE if red else COPY, "fontcolor": REDUCE if red else COPY,
             "fontsize": "9", "id": f"move:{src}:{dst}"}
 
 
-def _ring(meta: dict, channel: int, by_rank: dict, keys: dict, mv: list, title: str) -> str:
-    ring = meta["rings"][channel % len(meta["rings"])]
-    cols = [r for r in ring if r in by_rank] + sorted(set(by_rank) - set(ring))
-    node_of = meta.get("node_of_rank") or [0] * meta["nranks"]
-    nrows = max(len(v) for v in by_rank.values())
+def _grid(title: str, cols: list[int], node_of: list[int], rows: list[str], cells: dict) -> graphviz.Digraph:
+    """The figure's skeleton: a header per rank, a row label per row, ``cells[(rank, row)]`` = (name, call) boxes,
+    invisible placeholders elsewhere, held in place by invisible edges; a stub column on each side for wrap-arounds.
+    """
     g = graphviz.Digraph("flow", graph_attr={"label": _legend(title), "labelloc": "t", "rankdir": "TB",
                                              "nodesep": "0.35", "ranksep": "0.45", "newrank": "true",
                                              "splines": "line"},
                          node_attr={"shape": "box", "fontsize": "10", "width": "2.1"})
     invis = {"style": "invis", "label": ""}
-    side = {"shape": "plaintext", "width": "1.3", "fixedsize": "true"}
     with g.subgraph(name="row_header") as sub:
         sub.attr(rank="same")
-        sub.node("axis_h", "", **side)
-        sub.node("wi_h", "", **side)
+        sub.node("axis_h", "", **SIDE)
+        sub.node("wi_h", "", **SIDE)
         for r in cols:
             sub.node(f"h{r}", f"rank {r}\\n(node {node_of[r]})", shape="plaintext", fontsize="12")
-        sub.node("wo_h", "", **side)
-    for i in range(nrows):
+        sub.node("wo_h", "", **SIDE)
+    names = {}
+    for i, text in enumerate(rows):
         with g.subgraph(name=f"row{i}") as sub:
             sub.attr(rank="same")
-            sub.node(f"axis{i}", f"step {i}", fontsize="11", **side)
-            sub.node(f"wi{i}", **invis, **side)
+            sub.node(f"axis{i}", text, fontsize="11", **SIDE)
+            sub.node(f"wi{i}", **invis, **SIDE)
             for r in cols:
-                calls = by_rank[r]
-                sub.node(_node(r, i), **(_box(calls[i]) if i < len(calls) else invis))
-            sub.node(f"wo{i}", **invis, **side)
-    grid = [["axis_h", *[f"axis{i}" for i in range(nrows)]], ["wi_h", *[f"wi{i}" for i in range(nrows)]],
-            *[[f"h{r}", *[_node(r, i) for i in range(nrows)]] for r in cols],
-            ["wo_h", *[f"wo{i}" for i in range(nrows)]]]
+                name, call = cells.get((r, i), (f"empty_r{r}_{i}", None))
+                sub.node(name, **(_box(call) if call else invis))
+                names[(r, i)] = name
+            sub.node(f"wo{i}", **invis, **SIDE)
+    grid = [["axis_h", *[f"axis{i}" for i in range(len(rows))]], ["wi_h", *[f"wi{i}" for i in range(len(rows))]],
+            *[[f"h{r}", *[names[(r, i)] for i in range(len(rows))]] for r in cols],
+            ["wo_h", *[f"wo{i}" for i in range(len(rows))]]]
     for column in grid:  # rows top to bottom
         for a, b in zip(column, column[1:]):
             g.edge(a, b, style="invis")
-    for row in zip(*grid):  # columns left to right, in ring order
+    for row in zip(*grid):  # columns left to right
         for a, b in zip(row, row[1:]):
             g.edge(a, b, style="invis", weight="10")
+    return g
+
+
+SIDE = {"shape": "plaintext", "width": "1.3", "fixedsize": "true"}
+
+
+def _ring(meta: dict, channel: int, by_rank: dict, keys: dict, mv: list, title: str) -> str:
+    """Columns in ring order, row i = each rank's i-th call (step i of the ring algorithm)."""
+    ring = meta["rings"][channel % len(meta["rings"])]
+    cols = [r for r in ring if r in by_rank] + sorted(set(by_rank) - set(ring))
+    node_of = meta.get("node_of_rank") or [0] * meta["nranks"]
+    nrows = max(len(v) for v in by_rank.values())
+    cells = {(r, i): (_node(r, i), e) for r, calls in by_rank.items() for i, e in enumerate(calls)}
+    g = _grid(title, cols, node_of, [f"step {i}" for i in range(nrows)], cells)
     pos = {r: j for j, r in enumerate(cols)}
     for m in mv:
         (sr, si), (dr, di) = keys[m["src"]], keys[m["dst"]]
         attrs = _edge_attrs(m, keys, f"chunk {m['chunk']}")
         if pos[dr] < pos[sr]:  # wrap-around: two stubs, so the arrow never crosses the figure
-            g.node(f"wo{si}", f"to rank {dr} ↻", fontcolor=attrs["color"], fontsize="10", style="", **side)
-            g.node(f"wi{di}", f"↻ from rank {sr}", fontcolor=attrs["color"], fontsize="10", style="", **side)
+            g.node(f"wo{si}", f"to rank {dr} ↻", fontcolor=attrs["color"], fontsize="10", style="", **SIDE)
+            g.node(f"wi{di}", f"↻ from rank {sr}", fontcolor=attrs["color"], fontsize="10", style="", **SIDE)
             g.edge(_node(sr, si), f"wo{si}", constraint="false", **attrs)
             g.edge(f"wi{di}", _node(dr, di), constraint="false", **{**attrs, "label": ""})
         else:
@@ -169,19 +185,44 @@ def _ring(meta: dict, channel: int, by_rank: dict, keys: dict, mv: list, title: 
 
 
 def _tree(meta: dict, channel: int, by_rank: dict, keys: dict, mv: list, title: str) -> str:
-    tree = {int(r): v for r, v in meta["trees"][channel].items()} if meta.get("trees") else {}
+    """The tree drawn twice, as the data moves: columns in the tree's in-order (a parent between its first child
+    and the others), the reduce rising row by row from the deepest ranks to the root, then the broadcast going
+    down again, one row per depth."""
+    tree = {int(r): (up, list(downs)) for r, (up, downs) in meta["trees"][channel].items()}
     node_of = meta.get("node_of_rank") or [0] * meta["nranks"]
-    g = graphviz.Digraph("flow", graph_attr={"label": _legend(title), "labelloc": "t", "rankdir": "TB",
-                                             "newrank": "true"},
-                         node_attr={"shape": "box", "fontsize": "10"})
-    for r in sorted(by_rank):
-        role = "root" if tree.get(r, (0,))[0] == -1 else f"parent {tree[r][0]}" if r in tree else ""
-        with g.subgraph(name=f"cluster_rank{r}") as sub:
-            sub.attr(label=f"rank {r} (node {node_of[r]}{', ' + role if role else ''})", style="dashed")
-            for i, e in enumerate(by_rank[r]):
-                sub.node(_node(r, i), **_box(e))
+    root = next(r for r, (up, _) in tree.items() if up == -1)
+    depth, cols = {}, []
+
+    def walk(r: int, d: int) -> None:
+        depth[r] = d
+        downs = tree[r][1]
+        if downs:
+            walk(downs[0], d + 1)
+        cols.append(r)
+        for c in downs[1:]:
+            walk(c, d + 1)
+    walk(root, 0)
+    cols += sorted(set(by_rank) - set(cols))
+    height = max(depth.values())
+    from_parent = {m["dst"] for m in mv if tree.get(m["to"], (None,))[0] == m["from"]}
+    extra = max(0, len(by_rank.get(root, [])) - 1)  # runTreeUpDown: the root reduces, then sends
+    cells, rows = {}, [""] * (2 * height + 1 + extra)
+    for r, calls in by_rank.items():
+        for i, e in enumerate(calls):
+            d = depth.get(r, height)
+            if r == root:
+                row = height + i
+            elif _key(e) in from_parent:
+                row = height + extra + d
+            else:
+                row = height - d
+            cells[(r, row)] = (_node(r, i), e)
+    for i in range(len(rows)):
+        rows[i] = (f"reduce up\\ndepth {height - i}" if i < height else f"broadcast down\\ndepth {i - height - extra}"
+                   if i > height + extra else "root")
+    g = _grid(title, cols, node_of, rows, cells)
     for m in mv:
         up = tree.get(m["from"], (None,))[0] == m["to"]
-        g.edge(_node(*keys[m["src"]]), _node(*keys[m["dst"]]),
-               **_edge_attrs(m, keys, f"{'up' if up else 'down'} · chunk {m['chunk']}"))
+        g.edge(_node(*keys[m["src"]]), _node(*keys[m["dst"]]), constraint="false",
+               **_edge_attrs(m, keys, f"{'up' if up else 'down'} · chunk {m['chunk']}", "xlabel"))
     return g.source
