@@ -22,7 +22,7 @@ WHAT = {"perfetto": "Chrome/Perfetto trace-event JSON (open in ui.perfetto.dev);
         "merge": "every rank's events in one JSONL file, by time; default DIR/merged.jsonl",
         "hang": "merge hang-rank*.json reports and name the rank that caused the hang (stdout)",
         "explain": "a real NCCL INFO log: version, ranks, nodes, rings, trees checked by replay, transports, TUNING, "
-                   "anything unusual, plus its diagrams, into DIR (default LOG-explained/)"}
+                   "anything unusual, plus its diagrams, into DIR (default ./NAME-explained/)"}
 
 
 def main(argv=None) -> int:

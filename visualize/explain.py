@@ -68,11 +68,11 @@ def draw(facts: facts_of.LogFacts, rings_out: str, trees_out: str, name: str, ti
 
 
 def explain(path: str, out_dir: str | None = None) -> list[str]:
-    """Write ``report.txt``, ``rings.*`` and ``trees.*`` into ``out_dir`` (default: LOG's name + ``-explained``);
-    returns the report's lines followed by the files written."""
+    """Write ``report.txt``, ``rings.*`` and ``trees.*`` into ``out_dir`` (default: ``NAME-explained`` in the
+    current directory, NAME the log's file name without extension); returns the report's lines, then the report."""
     facts, _ = read_log(path)
     name = os.path.basename(path)
-    out_dir = out_dir or os.path.splitext(path)[0] + "-explained"
+    out_dir = out_dir or os.path.splitext(name)[0] + "-explained"
     lines = facts_of.report(facts, name)
     rep, line = _replay(facts) if facts.log.trees else (None, "trees: no 'Trees [c] ...' lines in the log")
     lines.append(line)
