@@ -88,6 +88,8 @@ def test_trees_of_a_run_pair_the_channels_and_label_edges_with_their_transport(t
         want = {(f"c{c}r{r}", f"c{c}r{d}") for r, (_, downs) in log.trees[c].items() for d in downs}
         got = {(t, h) for t, h in g.edge_set() if t.startswith(f"c{c}r")}
         assert got == want
+    links = [{(t.split("r")[1], h.split("r")[1]) for t, h in g.edge_set() if t.startswith(f"c{c}r")} for c in (0, 1)]
+    assert links[0] != links[1]  # across nodes the two trees differ: what the picture is there to show
     vias = set()
     for t, h, a in g.edges:
         c, p, d = int(t[1]), int(t.split("r")[1]), int(h.split("r")[1])
