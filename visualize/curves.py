@@ -81,10 +81,10 @@ def plot(inputs: list[str], out: str, title: str = "", skip: tuple = ()) -> str:
     series = _unique([{**s, "file": os.path.basename(path)} for path in inputs for s in load_series(path)], skip)
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, key in zip(axes, ("algbw", "busbw")):
-        for s in series:
+        for i, s in enumerate(series):  # one colour per series in both panels (the legend is on one)
             pts = [(x, y) for x, y in zip(s["size"], s[key]) if y is not None and y > 0 and x > 0]
             if pts:
-                ax.plot(*zip(*pts), marker="o", markersize=3, label=s["label"])
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=s["label"], color=f"C{i % 10}")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("message size (bytes)")
