@@ -259,11 +259,13 @@ def test_explain_partial_logs_say_what_is_missing(tmp_path):
 @pytest.mark.parametrize("args", [("visualize", "log", "missing.log"), ("visualize", "curves", "missing.json"),
                                   ("visualize", "log", "all_reduce_perf_218.txt"), ("visualize", "topology", "EMPTY"),
                                   ("tracing", "perfetto", "EMPTY"), ("tracing", "csv", "EMPTY"),
-                                  ("tracing", "explain", "pyproject.toml"), ("tracing", "explain", "missing.log")])
+                                  ("tracing", "explain", "pyproject.toml"), ("tracing", "explain", "missing.log"),
+                                  ("visualize", "log", "nccl_tests_319_2x8_h100_trees.log", "--max-rings", "0")])
 def test_bad_input_is_one_line_and_leaves_no_output(args, tmp_path):
     (tmp_path / "EMPTY").mkdir()
     args = [str(tmp_path / a) if a in ("EMPTY", "missing.log", "missing.json") else
-            str(DATA / a) if a.endswith(".txt") else str(ROOT / a) if a.endswith(".toml") else a for a in args]
+            str(DATA / a) if a.endswith((".txt", ".log")) and a != "missing.log" else
+            str(ROOT / a) if a.endswith(".toml") else a for a in args]
     proc = cli(*args, "-o", str(tmp_path / "EMPTY" / "out"), ok=False)
     assert proc.returncode == 2, proc
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr

@@ -80,6 +80,9 @@ def main(argv=None) -> int:
 
 def _run(a) -> list[str]:
     from . import curves, diagrams
+    for flag in ("max_channels", "max_rings"):
+        if getattr(a, flag, 1) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} {getattr(a, flag)}: must be at least 1")
     if a.kind == "curves":
         return [curves.plot(a.inputs, a.out, a.title, tuple(a.skip))]
     if a.kind in ("topology", "trees", "flow"):
