@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .nccl_log import NcclLog, nodes_of, parse
+from .nccl_log import LogError, NcclLog, parse
 
 _VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
 _COLL_CH = re.compile(r"NCCL INFO (\d+) coll channels, (\d+) collnet channels, (\d+) nvls channels")
@@ -23,6 +23,8 @@ _PID = re.compile(r"^\s*([^\s:]+):(\d+):\d+ \[\d+\] NCCL INFO")
 @dataclass
 class LogFacts:
     log: NcclLog
+    text: str = ""                                        # the log without the lines that could not be read
+    bad_lines: list = field(default_factory=list)         # (line number, why) of those lines
     versions: list = field(default_factory=list)
     coll_channels: dict = field(default_factory=dict)     # rank -> coll channels (init.cc's per-rank line)
     choices: list = field(default_factory=list)           # (func, bytes, algo, proto)
@@ -37,10 +39,26 @@ def is_nccl_log(facts: LogFacts) -> bool:
     return facts.info_lines > 0 and bool(log.local_ranks or log.rings or log.trees or log.transports)
 
 
+def _lenient_parse(text: str) -> tuple[NcclLog, str, list]:
+    """``nccl_log.parse``, leaving out each line it cannot read (a log cut mid-line): the log, the text kept, and
+    (line number, why) per line left out."""
+    lines, bad = text.splitlines(), []
+    while True:
+        kept = "\n".join(line for i, line in enumerate(lines, 1) if i not in {n for n, _ in bad})
+        try:
+            return parse(kept), kept, bad
+        except LogError as exc:
+            m = re.match(r"line (\d+): (.*?):", str(exc))
+            if not m or len(bad) >= 100:
+                raise
+            kept_numbers = [i for i in range(1, len(lines) + 1) if i not in {n for n, _ in bad}]
+            bad.append((kept_numbers[int(m.group(1)) - 1], m.group(2)))
+
+
 def read(text: str) -> LogFacts:
-    """The facts of ``text``; never raises on partial or cut logs (bad lines are listed in ``log.bad_lines``)."""
-    log = parse(text, strict=False)
-    facts = LogFacts(log)
+    """The facts of ``text``; never raises on partial or cut logs (unreadable lines are listed in ``bad_lines``)."""
+    log, kept, bad = _lenient_parse(text)
+    facts = LogFacts(log, kept, bad)
     rank_of_pid: dict[tuple, int] = {}
     for line in text.splitlines():
         if "NCCL INFO" not in line:
@@ -109,16 +127,24 @@ def unusual(facts: LogFacts) -> list[str]:
         out.append("nodes have different GPU counts (localRanks " + _ranges(list(log.local_ranks.values())) + ")")
     if len(facts.versions) > 1:
         out.append("several NCCL versions in one log: " + ", ".join(facts.versions))
-    for lineno, why in log.bad_lines[:5]:
-        out.append(f"line {lineno}: {why}")
+    for lineno, why in facts.bad_lines[:5]:
+        out.append(f"line {lineno} left out: {why}")
     return out
 
 
-def report(facts: LogFacts, name: str) -> list[str]:
-    """The text report, one fact per line (the replay and the diagrams are appended by the caller)."""
+def nranks(facts: LogFacts) -> int:
+    """The communicator's size: its ``nRanks``, else the highest rank any line names + 1 (0: none)."""
     log = facts.log
-    n = log.nranks or (max(facts.ranks_seen) + 1 if facts.ranks_seen else 0)
-    node_of = nodes_of(log, n) if n else []
+    named = facts.ranks_seen | {r for ring in log.rings.values() for r in ring} | {
+        r for (_, a, b) in log.transports for r in (a, b)}
+    return log.nranks or max(named, default=-1) + 1
+
+
+def report(facts: LogFacts, name: str, node_of: list[int]) -> list[str]:
+    """The text report, one fact per line; ``node_of``: each rank's node (``collectives.graph.replay.nodes_of``).
+    The caller appends the replay of the trees and the diagrams."""
+    log = facts.log
+    n = nranks(facts)
     nnodes = log.nnodes or (max(node_of) + 1 if node_of else 0)
     per_node = sorted(set(log.local_ranks.values()))
     lines = [f"# {name}",

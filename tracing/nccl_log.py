@@ -37,16 +37,13 @@ class NcclLog:
     transports: dict = field(default_factory=dict)       # (channel, from, to) -> "P2P/CUMEM/read", "SHM/direct/direct", ...
     patterns: list = field(default_factory=list)         # (pattern, nChannels, bwIntra, bwInter, typeIntra, typeInter, channel lines)
     tree_graphs: dict = field(default_factory=dict)      # host -> (tree pattern 1|2|3, [[GPU ranks] per graph channel])
-    bad_lines: list = field(default_factory=list)        # (line number, why) of lines skipped when not strict
 
 
 class LogError(ValueError):
     """A line that looks like NCCL's but cannot be read; the message names the line."""
 
 
-def parse(text: str, strict: bool = True) -> NcclLog:
-    """``strict``: an unreadable ``Trees`` line raises ``LogError``; else it is listed in ``bad_lines`` and the
-    readable entries of it are kept (a log cut mid-line)."""
+def parse(text: str) -> NcclLog:
     log = NcclLog()
     current_pattern = None
     for lineno, line in enumerate(text.splitlines(), 1):
@@ -76,10 +73,7 @@ def parse(text: str, strict: bool = True) -> NcclLog:
             entries = _TREE.findall(line)
             body = line.split("NCCL INFO Trees ", 1)[1].strip()
             if not entries or len(entries) != body.count("["):
-                if strict:
-                    raise LogError(f"line {lineno}: cannot read the Trees entries: {line.strip()[:200]}")
-                log.bad_lines.append((lineno, f"cannot read every Trees entry ({len(entries)} of "
-                                              f"{body.count('[')} read)"))
+                raise LogError(f"line {lineno}: cannot read the Trees entries: {line.strip()[:200]}")
             for c, d0, d1, d2, r, up in entries:
                 downs = [int(x) for x in (d0, d1, d2) if int(x) != -1]
                 log.trees.setdefault(int(c), {})[int(r)] = (int(up), downs)
@@ -101,16 +95,3 @@ def parse(text: str, strict: bool = True) -> NcclLog:
     if not log.nranks and log.rings:
         log.nranks = max(len(r) for r in log.rings.values())
     return log
-
-
-def nodes_of(log: NcclLog, nranks: int) -> list[int]:
-    """Node of each rank: by host name (first appearance over ranks, like ``nodesFirstRank``), or, when hosts are
-    missing or do not match the log's nNodes (one machine playing several nodes), by blocks of localRanks."""
-    hosts = [log.host_of.get(r) for r in range(nranks)]
-    if None in hosts or (log.nnodes and len(set(hosts)) != log.nnodes):
-        per = max(log.local_ranks.values(), default=nranks // max(1, log.nnodes or 1)) or nranks
-        return [r // per for r in range(nranks)]
-    order: dict = {}
-    for h in hosts:
-        order.setdefault(h, len(order))
-    return [order[h] for h in hosts]

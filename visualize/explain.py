@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 
-from collectives.graph.replay import replay_log
+from collectives.graph.replay import nodes_of, replay
 from tracing import explain as facts_of
-from tracing.nccl_log import LogError, nodes_of
+from tracing.nccl_log import LogError
 
 from . import diagrams
 
@@ -31,7 +31,7 @@ def read_log(path: str) -> tuple[facts_of.LogFacts, str]:
 
 def _replay(facts: facts_of.LogFacts) -> tuple[dict | None, str]:
     try:
-        rep = replay_log(facts.log)
+        rep = replay(facts.text)
     except (LogError, KeyError, IndexError, ValueError) as exc:
         return None, f"trees: not checked by replay ({exc})"
     copies = rep["channels"] - rep["doubled"]
@@ -44,8 +44,7 @@ def draw(facts: facts_of.LogFacts, rings_out: str, trees_out: str, name: str, ti
          max_channels: int = 8, max_rings: int = 4, replayed: dict | None = None) -> list[str]:
     """Rings (topology) and trees of the log; returns the files written."""
     log = facts.log
-    n = log.nranks or max(facts.ranks_seen | {r for ring in log.rings.values() for r in ring}
-                          | {r for (_, a, b) in log.transports for r in (a, b)}, default=-1) + 1
+    n = facts_of.nranks(facts)
     if n == 0:
         return []
     node_of = nodes_of(log, n)
@@ -73,7 +72,8 @@ def explain(path: str, out_dir: str | None = None) -> list[str]:
     facts, _ = read_log(path)
     name = os.path.basename(path)
     out_dir = out_dir or os.path.splitext(name)[0] + "-explained"
-    lines = facts_of.report(facts, name)
+    n = facts_of.nranks(facts)
+    lines = facts_of.report(facts, name, nodes_of(facts.log, n) if n else [])
     rep, line = _replay(facts) if facts.log.trees else (None, "trees: no 'Trees [c] ...' lines in the log")
     lines.append(line)
     odd = facts_of.unusual(facts)

@@ -19,9 +19,22 @@ import argparse
 import json
 import sys
 
-from tracing.nccl_log import TREE_PATTERNS, LogError, NcclLog, nodes_of, parse
+from tracing.nccl_log import TREE_PATTERNS, LogError, NcclLog, parse
 
 from .trees import PATTERNS, connect_trees
+
+
+def nodes_of(log: NcclLog, nranks: int) -> list[int]:
+    """Node of each rank: by host name (first appearance over ranks), or, when hosts are missing or do not match
+    the log's nNodes (one machine playing several nodes), by consecutive blocks of localRanks."""
+    hosts = [log.host_of.get(r) for r in range(nranks)]
+    if None in hosts or (log.nnodes and len(set(hosts)) != log.nnodes):
+        per = max(log.local_ranks.values(), default=nranks // max(1, log.nnodes or 1)) or nranks
+        return [r // per for r in range(nranks)]
+    order: dict = {}
+    for h in hosts:
+        order.setdefault(h, len(order))
+    return [order[h] for h in hosts]
 
 
 def chains_from_log(tree: dict, node_of: list[int], nnodes: int) -> list[list[int]]:
@@ -113,11 +126,7 @@ def _fmt(rank: int, up: int, downs: list) -> str:
 
 
 def replay(text: str) -> dict:
-    return replay_log(parse(text))
-
-
-def replay_log(log: NcclLog) -> dict:
-    """``replay`` of an already parsed log (``tracing.explain`` parses partial logs leniently)."""
+    log = parse(text)
     if not log.trees:
         raise LogError("no 'Trees [c] ...' lines in the log (run NCCL with NCCL_DEBUG=INFO)")
     results = {}
