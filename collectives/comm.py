@@ -184,15 +184,16 @@ class Communicator:
         n = len(orders)
         pattern = self.peer_info[0]["tree_pattern"]  # the same on every rank (checked at init)
         trees = channel_trees(orders, self.node_of_rank, pattern)    # tree 0 of each ring, then tree 1 of each
-        doubled = [(orders[c % n], trees[c]) for c in range(2 * n if 2 * n <= MAXCHANNELS else n)]
+        doubled = [(orders[c % n], trees[c], (c % n, c // n)) for c in range(2 * n if 2 * n <= MAXCHANNELS else n)]
         max_ch = min(p["max_channels"] for p in self.peer_info)  # the same on every rank, as NCCL's allgather
         doubled = doubled[:max(1, min(max_ch, len(doubled)))]
         min_ch = min(MAXCHANNELS, max(p["min_channels"] for p in self.peer_info))
         start = len(doubled)
         for c in range(start, min_ch):                                 # copyChannels: c copies c - start
             doubled.append(doubled[c - start])
-        self.trees = [tree for _, tree in doubled]  # every rank's view, for the Trees line and the diagrams
-        return [Channel(c, setup_ring(order, self.rank), tree[self.rank]) for c, (order, tree) in enumerate(doubled)]
+        self.trees = [tree for _, tree, _ in doubled]  # every rank's view, for the Trees line and the diagrams
+        self.channel_origin = [origin for _, _, origin in doubled]  # (search ring, tree 0|1) per channel, for pictures
+        return [Channel(c, setup_ring(order, self.rank), tree[self.rank]) for c, (order, tree, _) in enumerate(doubled)]
 
     def describe(self) -> dict:
         """The communicator as the trace and the diagrams see it: ranks, nodes, rings and transports."""
@@ -202,6 +203,8 @@ class Communicator:
                 "rings": self.rings, "buff_sizes": self.buff_sizes,
                 "trees": self.tree_table(),
                 "transports": [ch.send.transport if ch.send else None for ch in self.channels],
+                "connections": [{p: c.transport for p, c in ch.send_to.items()} for ch in self.channels],
+                "channel_origin": self.channel_origin,
                 "net": bool(self.net_connections)}
 
     def _hang_report(self, kernel: Kernel, error: str) -> dict:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The README's main job, after ./lab has built the environment: NCCL's ring allreduce on 8 ranks under mpirun,
 # then, into one folder (default nccllab-out/): the nccl-tests table and JSON, the same for the tree AllReduce,
-# the replay of a real 2x8 H100 log's trees, a traced run with its Perfetto file and chunk CSV, the four diagrams,
-# MPI's curve, NCCL's cost-model curve and the plot of all of them.
+# the replay of a real 2x8 H100 log's trees, a traced run with its Perfetto file and chunk CSV, a traced tree run
+# on 4 emulated nodes, the diagrams, the explained logs, MPI's curve, NCCL's cost-model curve and the plot.
 set -euo pipefail
 OUT=${NCCLLAB_OUT:-nccllab-out}
 # One machine: bootstrap and sockets on loopback (NCCL's default would pick the first non-loopback interface).
@@ -26,20 +26,27 @@ cat "$OUT"/nccl-debug.*.log > "$OUT/nccl-debug.log" && rm -f "$OUT"/nccl-debug.*
 python -m tracing perfetto "$OUT/trace" -o "$OUT/trace.perfetto.json"
 python -m tracing csv "$OUT/trace" -o "$OUT/chunks.csv"
 
+echo "== traced tree AllReduce on 4 emulated nodes x 2 ranks (NCCLLAB_TRACE=$OUT/trace-4x2): NET between nodes"
+NCCLLAB_TRACE="$OUT/trace-4x2" python -m collectives.tree -g 8 --nodes 4 -b 1M -e 1M -n 1 -w 0 -c 0 >/dev/null
+
 echo "== diagrams"
-python -m visualize topology "$OUT/trace" -o "$OUT/a-topology"
-python -m visualize trees "$OUT/trace" -o "$OUT/b-trees"
-python -m visualize flow "$OUT/trace" -o "$OUT/c-chunk-flow"
-LOG="$OUT/nccl-debug.log"
-REAL="$FIXTURES/nccl_logs/trainingoneks_1x4_a100_p4d.log"
-[ -f "$REAL" ] && LOG="$REAL"
-python -m visualize log "$LOG" -o "$OUT/d-from-log"
+python -m visualize topology "$OUT/trace-4x2" -o "$OUT/a-topology"     # 4 nodes: NET/Socket/0 between, SHM inside
+python -m visualize trees "$OUT/trace-4x2" -o "$OUT/b-trees"           # tree 0 and tree 1 differ across 4 nodes
+python -m visualize flow "$OUT/trace" -o "$OUT/c-chunk-flow"           # the ring AllReduce of the 8-rank run
+python -m visualize flow "$OUT/trace-4x2" -o "$OUT/c-tree-flow"        # the tree AllReduce: up, then down
+# The richest real log we ship: 2 nodes x 8 H100, 16 channels (NVIDIA/nccl-tests#319).
+REAL_LOG=tests/data/nccl_tests_319_2x8_h100_trees.log
+python -m visualize log "$REAL_LOG" -o "$OUT/d-from-log" --max-channels 2
+python -m tracing explain "$REAL_LOG" -o "$OUT/explain-2x8-h100" | tail -3
+python -m tracing explain "$OUT/nccl-debug.log" -o "$OUT/explain-this-run" | tail -3
 
 echo "== curves: ours, MPI (same machine, same run), NCCL's cost model for this CPU"
 mpirun -n "$N" python benchmarks/allreduce_vs_mpi.py -b 8 -e 64M -f 4 --json "$OUT/mpi.json" | tee "$OUT/mpi.txt"
 python -m collectives.tune --preset cpu --gpus "$N" -b 8 -e 64M -f 2 --series "$OUT/model-cpu.json" >/dev/null
 INPUTS=("$OUT/ring.json" "$OUT/tree.json" "$OUT/mpi.json" "$OUT/model-cpu.json")
-python -m visualize curves "${INPUTS[@]}" -o "$OUT/curve.png" --title "AllReduce, $N ranks on this machine"
+# mpi.json also holds our ring as measured beside MPI: ring.json is that measurement already, so skip the copy.
+python -m visualize curves "${INPUTS[@]}" -o "$OUT/curve.png" --skip "nccl-lab ring n=" \
+  --title "AllReduce, $N ranks on this machine"
 REAL_TESTS="$FIXTURES/nccl_tests/a3mega_2x8_h100_allreduce.txt"
 if [ -f "$REAL_TESTS" ]; then
   python -m collectives.tune --preset dgx-h100 --nodes 2 -b 8 -e 8G -f 2 --series "$OUT/model-h100x2.json" >/dev/null

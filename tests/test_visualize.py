@@ -28,37 +28,31 @@ def traced_run(tmp_path_factory):
 
 
 def test_topology_diagram_renders_with_ring_edges(traced_run, tmp_path):
-    meta, _ = export.load(str(traced_run))
-    src = diagrams.topology(meta["nranks"], meta["node_of_rank"], meta["rings"], meta["transports"], meta["hosts"])
+    metas, _ = export.load_all(str(traced_run))
+    meta = metas[0]
+    src = diagrams.topology(meta["nranks"], meta["node_of_rank"], meta["rings"], export.edge_transports(metas))
     assert {("r0", "r2"), ("r2", "r1"), ("r1", "r3"), ("r3", "r0")} <= edges(src)
-    assert "SHM" in src
+    assert "SHM" in src and "NET" not in src
     png, svg = diagrams.render(src, str(tmp_path / "topo"))
     assert Path(png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and b"<svg" in Path(svg).read_bytes()
 
 
-def test_trees_diagram_has_up_and_down_edges(tmp_path):
+def test_trees_diagram_has_one_edge_per_link_parent_to_child(tmp_path):
     tl = channel_trees([[0, 1, 2, 3]], [0, 0, 1, 1])     # 2 nodes x 2 ranks: NCCL_FACTS §4.5 worked example
-    trees = [{r: (n.up, list(n.down)) for r, n in t.items()} for t in tl]
+    trees = [{r: (n.up, list(n.down)) for r, n in tl_c.items()} for tl_c in tl]
     assert trees[0][0] == (-1, [1, 2]) and trees[1][2] == (-1, [3, 0])
-    src = diagrams.trees(trees, 4)
-    e = edges(src)
-    assert ("c0r0", "c0r2") in e and ("c0r2", "c0r0") in e and ("c1r2", "c1r0") in e
-    assert 'label=down' in src and 'label=up' in src
+    src = diagrams.trees(trees, 4, node_of_rank=[0, 0, 1, 1])
+    assert edges(src) == {("c0r0", "c0r1"), ("c0r0", "c0r2"), ("c0r2", "c0r3"),
+                          ("c1r2", "c1r3"), ("c1r2", "c1r0"), ("c1r0", "c1r1")}
+    assert src.count("dir=both") == 6 and "channel 1: tree 1 of ring 0" in src
     diagrams.render(src, str(tmp_path / "trees"), formats=("png",))
     assert (tmp_path / "trees.png").stat().st_size > 1000
 
 
-def test_chunk_flow_diagram_follows_the_ring(traced_run, tmp_path):
-    meta, events = export.load(str(traced_run))
-    ring = meta["rings"][0]
-    src = diagrams.chunk_flow(events, 0, 0, ring)
-    e = edges(src)
-    # rank 0 (ring index 0) sends chunk 3 to its successor 2 at step 0, which reduces it at step 1.
-    assert ("s0r0", "s1r2") in e
-    assert re.search(r's0r0 -> s1r2 \[[^]]*label="c3 copy"', src)
-    assert re.search(r's1r2 -> s2r1 \[[^]]*label="c3 reduce"', src)
-    diagrams.render(src, str(tmp_path / "flow"), formats=("svg",))
-    assert (tmp_path / "flow.svg").exists()
+def test_channel_roles_follow_postset_doubling_and_copies():
+    assert diagrams.channel_roles(16)[4] == (4, 0, None) and diagrams.channel_roles(16)[12] == (4, 1, None)
+    assert diagrams.channel_roles(3, 2) == [(0, 0, None), (0, 1, None), (0, 0, 0)]  # CollNet's n + n/2
+    assert diagrams.channel_roles(1) == [(0, 0, None)]
 
 
 def test_trees_log_line_format():

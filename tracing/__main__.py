@@ -1,19 +1,52 @@
-"""``python -m tracing perfetto|csv|json|merge|hang DIR [-o OUT]``: convert a run's trace or diagnose a hang."""
+"""``python -m tracing perfetto|csv|json|merge|hang DIR [-o OUT]``: convert a run's trace or diagnose a hang;
+``python -m tracing explain LOG [-o DIR]``: explain a real NCCL INFO log.
+
+Layering: the ``tracing`` package imports nothing of ours, so that traces and logs can be read anywhere.  This
+file is a command line, the top of the stack like every entry point, and ``explain`` needs what sits above
+``tracing`` (``collectives.graph.replay`` to check the trees, ``visualize`` to draw them).  So that one command
+imports ``visualize.explain`` when it runs, and nothing in ``tracing``'s modules does (a test checks it).
+"""
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from . import export, hang
 
+WHAT = {"perfetto": "Chrome/Perfetto trace-event JSON (open in ui.perfetto.dev); default DIR/trace.perfetto.json",
+        "csv": "one row per chunk movement: seq, channel, from, to, prim, reduce|copy, loop, chunk, slot, step, "
+               "bytes, times; default DIR/chunks.csv",
+        "json": "the same movements as JSON; default DIR/chunks.json",
+        "merge": "every rank's events in one JSONL file, by time; default DIR/merged.jsonl",
+        "hang": "merge hang-rank*.json reports and name the rank that caused the hang (stdout)",
+        "explain": "a real NCCL INFO log: version, ranks, nodes, rings, trees checked by replay, transports, TUNING, "
+                   "anything unusual, plus its diagrams, into DIR (default ./NAME-explained/)"}
+
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tracing")
-    p.add_argument("what", choices=["perfetto", "csv", "json", "merge", "hang"])
-    p.add_argument("dir", help="the NCCLLAB_TRACE (or hang report) directory")
-    p.add_argument("-o", "--out", help="output file (default: stdout for hang, DIR/<name> otherwise)")
+    p = argparse.ArgumentParser(prog="python -m tracing", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="commands:\n" + "\n".join(f"  {k:9} {v}" for k, v in WHAT.items()))
+    p.add_argument("what", choices=list(WHAT), metavar="COMMAND", help="one of: " + ", ".join(WHAT))
+    p.add_argument("dir", metavar="DIR|LOG", help="the NCCLLAB_TRACE (or hang report) directory; for explain, "
+                                                  "the NCCL log")
+    p.add_argument("-o", "--out", help="output file (explain: folder); default as listed below")
     a = p.parse_args(argv)
+    try:
+        return _run(a)
+    except (OSError, ValueError) as exc:
+        msg = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else str(exc)
+        print(f"python -m tracing {a.what}: {msg}", file=sys.stderr)
+        return 2
+
+
+def _run(a) -> int:
+    if a.what == "explain":
+        from visualize.explain import explain  # the one command that reaches above tracing (docstring)
+        print("\n".join(explain(a.dir, a.out)))
+        return 0
     if a.what == "hang":
         verdict = hang.diagnose(a.dir)
         print(verdict["reason"])
@@ -21,17 +54,16 @@ def main(argv=None) -> int:
             print("  " + line)
         return 0 if verdict["culprit"] is not None else 1
     default = {"perfetto": "trace.perfetto.json", "csv": "chunks.csv", "json": "chunks.json", "merge": "merged.jsonl"}
-    out = a.out or f"{a.dir.rstrip('/')}/{default[a.what]}"
-    if a.what == "perfetto":
-        with open(out, "w") as f:
-            json.dump(export.perfetto(a.dir), f)
+    out = a.out or os.path.join(a.dir, default[a.what])
+    if a.what == "merge":
+        export.load(a.dir)  # fails before the output exists
+        export.merge(a.dir, out)
     elif a.what == "csv":
         export.write_csv(export.movements(a.dir), out)
-    elif a.what == "json":
-        with open(out, "w") as f:
-            json.dump(export.movements(a.dir), f)
     else:
-        export.merge(a.dir, out)
+        doc = export.perfetto(a.dir) if a.what == "perfetto" else export.movements(a.dir)
+        with open(out, "w") as f:  # opened only once there is something to write
+            json.dump(doc, f)
     print(out)
     return 0
 

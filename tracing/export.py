@@ -20,9 +20,20 @@ PROXY_TID = 20_000  # + channel
 
 def load(directory: str) -> tuple[dict, list[dict]]:
     """All ranks' events (each with its ``rank``) sorted by start time, and the rank-0 description."""
+    metas, events = load_all(directory)
+    return metas[min(metas)], events
+
+
+def load_all(directory: str) -> tuple[dict[int, dict], list[dict]]:
+    """Every rank's description (its own connections) by rank, and all events sorted by start time."""
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"{directory}: no such directory")
     metas, events = {}, []
     for path in sorted(glob.glob(os.path.join(directory, "trace-rank*.jsonl"))):
-        meta, evs = read_rank_file(path)
+        try:
+            meta, evs = read_rank_file(path)
+        except (ValueError, IndexError) as exc:
+            raise ValueError(f"{path}: not a trace file written by NCCLLAB_TRACE ({exc})") from None
         metas[meta["rank"]] = meta
         for e in evs:
             e["rank"] = meta["rank"]
@@ -30,7 +41,23 @@ def load(directory: str) -> tuple[dict, list[dict]]:
     if not metas:
         raise FileNotFoundError(f"no trace-rank*.jsonl in {directory} (run with NCCLLAB_TRACE={directory})")
     events.sort(key=lambda e: e["t0"])
-    return metas[min(metas)], events
+    return metas, events
+
+
+def edge_transports(metas: dict[int, dict]) -> dict[tuple[int, int, int], str]:
+    """(channel, from, to) -> the transport of the send connector each rank really made (every ring and tree
+    edge; traces written before connections were recorded give each rank's ring send per channel)."""
+    out = {}
+    for r, meta in metas.items():
+        if "connections" in meta:
+            for c, conns in enumerate(meta["connections"]):
+                for peer, via in conns.items():
+                    out[(c, r, int(peer))] = via
+        else:
+            for c, (ring, via) in enumerate(zip(meta["rings"], meta.get("transports", []))):
+                if via and r in ring:
+                    out[(c, r, ring[(ring.index(r) + 1) % len(ring)])] = via
+    return out
 
 
 def perfetto(directory: str) -> dict:

@@ -1,12 +1,7 @@
-"""``python -m visualize KIND INPUT... -o OUT``.
+"""``python -m visualize KIND ...``: diagrams of a traced run or of a real NCCL log, bandwidth curves.
 
-    curves   INPUT... -o plot.png            runner --json, nccl-tests text, MPI/model series
-    topology TRACE_DIR -o topo               rings per channel, ranks by node, transports (a)
-    trees    TRACE_DIR -o trees              the two trees of each channel (b)
-    flow     TRACE_DIR -o flow [--seq S --channel C]   chunk flow of one collective (c)
-    log      NCCL_LOG -o prefix              rings and trees from a real NCCL INFO log (d)
-    sweep    -g N -b 8 -e 64M -o DIR         runs ours and MPI side by side under mpirun, then plots
-Diagrams are written as OUT.dot, OUT.png and OUT.svg.
+Diagrams are written with the real Graphviz ``dot`` as OUT.dot, OUT.png and OUT.svg.  Bad input is one line on
+stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -15,16 +10,110 @@ import os
 import subprocess
 import sys
 
-from . import curves, diagrams
+KINDS = {
+    "topology": "(a) ranks grouped by node, each channel's ring, every edge labelled with the transport that "
+                "really connected it (SHM, NET/Socket/0), from a trace directory",
+    "trees": "(b) both trees of each ring side by side: channel c (tree 0) and its Postset copy (tree 1), "
+             "ranks filled by node, from a trace directory",
+    "flow": "(c) one collective on one channel, from a trace: every primitive call a box, every chunk sent an "
+            "arrow to the call that received it (ring: rank x step grid; tree: up to the root, then down)",
+    "log": "(d) rings and trees of a real NCCL INFO log: PREFIX-rings and PREFIX-trees",
+    "explain": "a short text report of a real NCCL INFO log plus its diagrams, in one folder (same as "
+               "python -m tracing explain)",
+    "curves": "algbw and busbw against size: runner --json rows, nccl-tests output, MPI and cost-model series",
+    "sweep": "runs our AllReduce and MPI's side by side under mpirun, then plots them",
+}
 
 
-def _trace(directory: str):
-    from tracing import export
-    return export.load(directory)
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m visualize", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="kinds:\n" + "\n".join(f"  {k:9} {v}" for k, v in KINDS.items())
+                                + "\n\n'python -m visualize KIND --help' lists the flags of each kind.")
+    sub = p.add_subparsers(dest="kind", required=True, metavar="KIND")
+
+    def kind(name: str, inputs: str, out: str):
+        q = sub.add_parser(name, help=KINDS[name], description=KINDS[name])
+        q.add_argument("inputs", nargs="+" if name == "curves" else None, metavar=inputs[0], help=inputs[1])
+        q.add_argument("-o", "--out", required=True, help=out)
+        q.add_argument("--title", default="", help="title of the picture (default: one made from the input)")
+        return q
+
+    trace = ("TRACE_DIR", "a NCCLLAB_TRACE directory (trace-rank*.jsonl)")
+    q = kind("topology", trace, "output path without extension: OUT.dot, OUT.png, OUT.svg")
+    q.add_argument("--max-channels", type=int, default=8, help="draw the rings of at most this many channels "
+                   "(default 8)")
+    q = kind("trees", trace, "output path without extension: OUT.dot, OUT.png, OUT.svg")
+    q.add_argument("--max-rings", type=int, default=4, help="draw the two trees of at most this many rings "
+                   "(default 4, i.e. 8 channels)")
+    q = kind("flow", trace, "output path without extension: OUT.dot, OUT.png, OUT.svg")
+    q.add_argument("--seq", type=int, default=0, help="which collective of the trace, from 0 (default 0)")
+    q.add_argument("--channel", type=int, default=0, help="which channel, 0..nchannels-1 (default 0)")
+    q = kind("log", ("NCCL_LOG", "a real NCCL_DEBUG=INFO log (ranks interleaved, any prefixes)"),
+             "output prefix: PREFIX-rings.* and PREFIX-trees.*")
+    q.add_argument("--max-channels", type=int, default=8, help="rings of at most this many channels (default 8)")
+    q.add_argument("--max-rings", type=int, default=4, help="trees of at most this many rings (default 4)")
+    kind("explain", ("NCCL_LOG", "a real NCCL_DEBUG=INFO log"), "output folder: report.txt and the diagrams")
+    q = kind("curves", ("INPUT", "runner --json files, nccl-tests text output, series JSON (MPI, collectives.tune "
+                        "--series); any mix"), "the PNG to write")
+    q.add_argument("--skip", action="append", default=[], metavar="TEXT", help="leave out series whose label "
+                   "contains TEXT (repeatable; default: none), e.g. a measurement given twice")
+    q = sub.add_parser("sweep", help=KINDS["sweep"], description=KINDS["sweep"])
+    q.add_argument("-o", "--out", required=True, help="output folder: bench.json and curve.png")
+    q.add_argument("--title", default="", help="title of the plot (default: a generic one)")
+    q.add_argument("-g", "--nranks", type=int, default=2, help="ranks under mpirun, >= 1 (default 2)")
+    q.add_argument("-b", default="8", help="smallest size, nccl-tests syntax (default 8)")
+    q.add_argument("-e", default="64M", help="largest size (default 64M)")
+    return p
 
 
-def _trees_from_meta(meta: dict):
-    """Every channel's tree as the communicator built it (channel c + n: tree 1 of ring c)."""
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    try:
+        print("\n".join(_run(a)))
+    except (OSError, ValueError, RuntimeError, subprocess.CalledProcessError) as exc:
+        msg = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename else str(exc)
+        print(f"python -m visualize {a.kind}: {msg}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _run(a) -> list[str]:
+    from . import curves, diagrams
+    for flag in ("max_channels", "max_rings"):
+        if getattr(a, flag, 1) < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} {getattr(a, flag)}: must be at least 1")
+    if a.kind == "curves":
+        return [curves.plot(a.inputs, a.out, a.title, tuple(a.skip))]
+    if a.kind in ("topology", "trees", "flow"):
+        from tracing import export
+        metas, events = export.load_all(a.inputs)
+        meta = metas[min(metas)]
+        if a.kind == "topology":
+            hosts = meta["hosts"] if len(set(meta["hosts"])) == meta["nnodes"] > 1 else None  # not NCCL_HOSTID
+            src = diagrams.topology(meta["nranks"], meta["node_of_rank"], meta["rings"],
+                                    export.edge_transports(metas), hosts, a.title, a.max_channels)
+        elif a.kind == "trees":
+            src = diagrams.trees(_trees_from_meta(meta), meta["nranks"], a.title, meta["node_of_rank"],
+                                 _roles_from_meta(meta), export.edge_transports(metas), a.max_rings)
+        else:
+            from . import flow
+            meta = {**meta, "trees": _trees_from_meta(meta)}
+            src = flow.chunk_flow(events, meta, a.seq, a.channel, a.title)
+        return diagrams.render(src, a.out)
+    if a.kind == "log":
+        from . import explain
+        facts, _ = explain.read_log(a.inputs)
+        return explain.draw(facts, a.out + "-rings", a.out + "-trees", os.path.basename(a.inputs), a.title,
+                            a.max_channels, a.max_rings)
+    if a.kind == "explain":
+        from . import explain
+        return explain.explain(a.inputs, a.out)
+    return _sweep(a)
+
+
+def _trees_from_meta(meta: dict) -> list[dict]:
+    """Every channel's tree as the communicator built it."""
     if "trees" in meta:
         return [{int(r): (up, list(down)) for r, (up, down) in t.items()} for t in meta["trees"]]
     from collectives.graph.trees import channel_trees  # traces written before the trees were recorded
@@ -32,60 +121,26 @@ def _trees_from_meta(meta: dict):
     return [{r: (node.up, list(node.down)) for r, node in t.items()} for t in tl]
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m visualize", description=__doc__.split("\n")[0])
-    p.add_argument("kind", choices=["curves", "topology", "trees", "flow", "log", "sweep"])
-    p.add_argument("inputs", nargs="*")
-    p.add_argument("-o", "--out", required=True)
-    p.add_argument("--title", default="")
-    p.add_argument("--seq", type=int, default=0)
-    p.add_argument("--channel", type=int, default=0)
-    p.add_argument("-g", "--nranks", type=int, default=2)
-    p.add_argument("-b", default="8")
-    p.add_argument("-e", default="64M")
-    a = p.parse_args(argv)
-    if a.kind == "curves":
-        print(curves.plot(a.inputs, a.out, a.title))
-    elif a.kind in ("topology", "trees", "flow"):
-        meta, events = _trace(a.inputs[0])
-        if a.kind == "topology":
-            src = diagrams.topology(meta["nranks"], meta["node_of_rank"], meta["rings"], meta["transports"],
-                                    meta["hosts"], a.title)
-        elif a.kind == "trees":
-            src = diagrams.trees(_trees_from_meta(meta), meta["nranks"], a.title)
-        else:
-            ring = meta["rings"][a.channel % len(meta["rings"])]
-            src = diagrams.chunk_flow(events, a.seq, a.channel, ring, a.title)
-        print("\n".join(diagrams.render(src, a.out)))
-    elif a.kind == "log":
-        from tracing import nccl_log
-        log = nccl_log.parse(open(a.inputs[0]).read())
-        n = log.nranks or max((max(r) for r in log.rings.values()), default=0) + 1
-        node_of = _nodes_from_log(log, n)
-        rings = [log.rings[c] for c in sorted(log.rings)]
-        name = os.path.basename(a.inputs[0])
-        out = diagrams.render(diagrams.topology(n, node_of, rings, log.transports, None, a.title or f"rings from {name}"),
-                              a.out + "-rings")
-        if log.trees:
-            shown = [log.trees[c] for c in sorted(log.trees)][:8]
-            out += diagrams.render(diagrams.trees(shown, n, a.title or f"trees from {name} (first {len(shown)} "
-                                                  f"of {len(log.trees)} channels)"), a.out + "-trees")
-        print("\n".join(out))
-    else:
-        os.makedirs(a.out, exist_ok=True)
-        bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                             "allreduce_vs_mpi.py")
-        mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
-        subprocess.run([mpirun, "-n", str(a.nranks), sys.executable, bench, "-b", a.b, "-e", a.e, "-f", "2",
-                        "--json", os.path.join(a.out, "bench.json")], check=True)
-        print(curves.plot([os.path.join(a.out, "bench.json")], os.path.join(a.out, "curve.png"), a.title))
-    return 0
+def _roles_from_meta(meta: dict) -> list:
+    from .diagrams import channel_roles
+    if "channel_origin" in meta:  # (search ring, tree) per channel as the communicator's Postset made them
+        first = {tuple(o): c for c, o in reversed(list(enumerate(meta["channel_origin"])))}
+        return [(r, t, first[(r, t)] if first[(r, t)] != c else None)
+                for c, (r, t) in enumerate(meta["channel_origin"])]
+    return channel_roles(meta["nchannels"])
 
 
-def _nodes_from_log(log, n: int) -> list[int]:
-    """Node of each rank: consecutive blocks of localRanks (NCCL numbers ranks node by node in these logs)."""
-    per_node = max(log.local_ranks.values(), default=n // max(1, log.nnodes or 1)) or n
-    return [r // per_node for r in range(n)]
+def _sweep(a) -> list[str]:
+    from . import curves
+    if a.nranks < 1:
+        raise ValueError(f"-g {a.nranks}: need at least 1 rank")
+    os.makedirs(a.out, exist_ok=True)
+    bench = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                         "allreduce_vs_mpi.py")
+    mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    subprocess.run([mpirun, "-n", str(a.nranks), sys.executable, bench, "-b", a.b, "-e", a.e, "-f", "2",
+                    "--json", os.path.join(a.out, "bench.json")], check=True)
+    return [curves.plot([os.path.join(a.out, "bench.json")], os.path.join(a.out, "curve.png"), a.title)]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,91 @@
+"""``python -m tracing explain LOG [-o DIR]`` (the same as ``python -m visualize explain LOG -o DIR``): a real
+NCCL INFO log as a short report plus its diagrams, in one folder.
+
+The report is ``tracing.explain``'s (version, ranks, nodes, GPUs per node, channels and rings, the transport of
+every edge, TUNING choices, anything unusual) with the trees checked by ``collectives.graph.replay`` (NCCL's
+``ncclGetDtree`` / ``connectTrees`` rebuilt: ``matched N of M``) and the rings and trees drawn as in
+``visualize log``.  This module lives here, above ``tracing`` and ``collectives``, because it needs both; the
+``tracing`` command line only forwards to it (see ``tracing/__main__.py``).
+"""
+from __future__ import annotations
+
+import os
+
+from collectives.graph.replay import nodes_of, replay
+from tracing import explain as facts_of
+from tracing.nccl_log import LogError
+
+from . import diagrams
+
+
+def read_log(path: str) -> tuple[facts_of.LogFacts, str]:
+    """The log's facts; ``LogError`` when the file holds no NCCL INFO line we know (it is not an NCCL log)."""
+    with open(path, errors="replace") as f:
+        text = f.read()
+    facts = facts_of.read(text)
+    if not facts_of.is_nccl_log(facts):
+        raise LogError(f"{path}: not an NCCL INFO log: no 'comm ... nRanks', 'Channel', 'Trees' or 'via' line "
+                       f"(NCCL writes them with NCCL_DEBUG=INFO)")
+    return facts, text
+
+
+def _replay(facts: facts_of.LogFacts) -> tuple[dict | None, str]:
+    try:
+        rep = replay(facts.text)
+    except (LogError, KeyError, IndexError, ValueError) as exc:
+        return None, f"trees: not checked by replay ({exc})"
+    copies = rep["channels"] - rep["doubled"]
+    return rep, (f"trees: matched {rep['matched']} of {rep['entries']} entries by replay (inter-node links "
+                 f"{rep['inter_matched']} of {rep['inter_links']}); {rep['channels']} channels = {rep['doubled']} "
+                 f"after Postset doubling{f' + {copies} copied' if copies > 0 else ''}, pattern {rep['pattern']}")
+
+
+def draw(facts: facts_of.LogFacts, rings_out: str, trees_out: str, name: str, title: str = "",
+         max_channels: int = 8, max_rings: int = 4, replayed: dict | None = None) -> list[str]:
+    """Rings (topology) and trees of the log; returns the files written."""
+    log = facts.log
+    n = facts_of.nranks(facts)
+    if n == 0:
+        return []
+    node_of = nodes_of(log, n)
+    hosts = [log.host_of.get(node_of.index(k), "?") for k in range(max(node_of) + 1)] if log.host_of else None
+    hosts_by_rank = [hosts[node_of[r]] for r in range(n)] if hosts else None
+    out = []
+    if log.rings:
+        rings = [log.rings[c] for c in sorted(log.rings)]
+        out += diagrams.render(diagrams.topology(n, node_of, rings, log.transports, hosts_by_rank,
+                                                 title or f"rings from {name}", max_channels), rings_out)
+    if log.trees:
+        if replayed is None:
+            replayed, _ = _replay(facts)
+        nch = max(log.trees) + 1
+        roles = diagrams.channel_roles(nch, replayed["doubled"] if replayed else None)
+        tree_list = [log.trees.get(c, {}) for c in range(nch)]
+        out += diagrams.render(diagrams.trees(tree_list, n, title or f"trees from {name}", node_of, roles,
+                                              log.transports, max_rings), trees_out)
+    return out
+
+
+def explain(path: str, out_dir: str | None = None) -> list[str]:
+    """Write ``report.txt``, ``rings.*`` and ``trees.*`` into ``out_dir`` (default: ``NAME-explained`` in the
+    current directory, NAME the log's file name without extension); returns the report's lines, then the report."""
+    facts, _ = read_log(path)
+    name = os.path.basename(path)
+    out_dir = out_dir or os.path.splitext(name)[0] + "-explained"
+    n = facts_of.nranks(facts)
+    lines = facts_of.report(facts, name, nodes_of(facts.log, n) if n else [])
+    rep, line = _replay(facts) if facts.log.trees else (None, "trees: no 'Trees [c] ...' lines in the log")
+    lines.append(line)
+    odd = facts_of.unusual(facts)
+    if rep and rep["matched"] < rep["entries"]:
+        m = rep["mismatches"][0]
+        odd.append(f"{rep['entries'] - rep['matched']} tree entries differ from NCCL's construction (first: "
+                   f"channel {m['channel']} rank {m['rank']}: log {m['log']}, rebuilt {m['derived']})")
+    lines += ["unusual: " + ("nothing" if not odd else "")] + [f"  {u}" for u in odd]
+    os.makedirs(out_dir, exist_ok=True)
+    files = draw(facts, os.path.join(out_dir, "rings"), os.path.join(out_dir, "trees"), name, replayed=rep)
+    lines.append("diagrams: " + (", ".join(os.path.basename(f) for f in files) if files else "none"))
+    report = os.path.join(out_dir, "report.txt")
+    with open(report, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return lines + [report]
