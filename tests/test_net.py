@@ -154,3 +154,41 @@ def test_netns_script(tmp_path):
                           env={**os.environ, "NETNS_SIZES": "-b 8 -e 1M -f 32", "PYTHON": sys.executable})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "Out of bounds values : 0 OK" in proc.stdout and "via NET/Socket/0" in proc.stdout
+
+
+# --- the proxy's own rules (net.cc sendProxyProgress / recvProxyProgress), without a network ------------------
+
+def _proxy_op(proto: str, nsteps: int, chunk_steps: int = 1):
+    from transports import net
+    sizes = {"LL": 8 * 128, "LL128": 8 * 2048, "Simple": 8 * 4096}
+    conn = net.make_connector(1, True, sizes, "NET/Socket/0")
+    nc = net.NetConnection(None, conn, None, 0)
+    return net.ProxyOp(nc, proto, nsteps, 1, chunk_steps), nc, conn
+
+
+def test_send_proxy_needs_tail_for_ll128_not_only_flags():
+    """sendProxyProgress: a step is ready when connFifo has its size and tail passed it, for every protocol but
+    LL; LL128 in host memory also needs every line's flag.  Flags alone (tail not yet posted) are not enough."""
+    op, nc, conn = _proxy_op("LL128", 1)
+    op.start()
+    conn.conn_fifo[0] = 2048
+    conn.words["LL128"][0].reshape(-1, 16)[:, 15] = op.base + 1  # every flag word carries the step's flag
+    assert not op._ready(op.base, 2048)
+    conn.tail[0] = op.base + 1
+    assert op._ready(op.base, 2048)
+    conn.words["LL128"][0].reshape(-1, 16)[3, 15] = 0  # one stale line: not ready, tail or not
+    assert not op._ready(op.base, 2048)
+
+
+def test_proxy_keeps_its_own_step_counter():
+    """resources->step: the op's base is the proxy's counter rounded up to chunkSteps, never the kernel's
+    conn->step, and starting an op moves the counter to base + nsteps for the next one."""
+    op, nc, conn = _proxy_op("Simple", 8, chunk_steps=4)
+    conn.step = 13  # what the kernel's counter says has no say in the proxy
+    nc.step = 6
+    op.start()
+    assert op.base == 8 and nc.step == 16
+    from transports import net
+    nxt = net.ProxyOp(nc, "Simple", 4, 2, 4)
+    nxt.start()
+    assert nxt.base == 16 and nc.step == 20
