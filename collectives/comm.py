@@ -27,7 +27,7 @@ from transports import net, shm
 from transports.connector import Connector
 from transports.shm_segment import ShmError
 
-from . import enqueue, sockets, transport
+from . import api, enqueue, sockets, transport
 from .bootstrap import Bootstrap, UniqueId
 from .device import all_gather, all_reduce, broadcast, reduce, reduce_scatter
 from .device.common import CollectiveError, Kernel
@@ -408,36 +408,69 @@ class Communicator:
             groups = all_reduce.run_tree_split(prims, ch.tree, w)
         return [_traced_channel(g, self.tracer, kernel, w) for g in groups]
 
-    # --- public API (ncclAllReduce & co.), numpy arrays in and out ---
-    def all_reduce(self, send: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
-        send, out = _flat_pair(send, out, send.size)
-        self._launch("AllReduce", send, out, send.size, op, -1)
-        return out
+    # --- public API (ncclAllReduce & co.), numpy arrays in and out: ours and nccl4py's forms (see api.py) ---
+    @classmethod
+    def init(cls, nranks: int, rank: int, unique_id: UniqueId | bytes, config=None) -> "Communicator":
+        """nccl4py's ``Communicator.init(nranks=, rank=, unique_id=)`` (``ncclCommInitRank``)."""
+        return cls(unique_id, nranks, rank)
 
-    def all_gather(self, send: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        send, out = _flat_pair(send, out, send.size * self.nranks)
-        self._launch("AllGather", send, out, send.size, "sum", -1)
-        return out
+    def all_reduce(self, send: np.ndarray, *rest, op: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        out, op = api.buffer_first("all_reduce", rest, out, op, "sum")
+        send = api.check_send("all_reduce", send)
+        flat, recv, result = api.buffers("all_reduce", send, out, send.size, send.shape)
+        self._launch("AllReduce", flat, recv, flat.size, op, -1)
+        return result
 
-    def reduce_scatter(self, send: np.ndarray, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+    def all_gather(self, send: np.ndarray, *rest, out: np.ndarray | None = None) -> np.ndarray:
+        out, _ = api.buffer_first("all_gather", rest, out, None, None)
+        send = api.check_send("all_gather", send)
+        shape = api.gathered_shape(send.shape, self.nranks)
+        flat, recv, result = api.buffers("all_gather", send, out, send.size * self.nranks, shape)
+        self._launch("AllGather", flat, recv, flat.size, "sum", -1)
+        return result
+
+    def reduce_scatter(self, send: np.ndarray, *rest, op: str | None = None,
+                       out: np.ndarray | None = None) -> np.ndarray:
+        out, op = api.buffer_first("reduce_scatter", rest, out, op, "sum")
+        send = api.check_send("reduce_scatter", send)
         if send.size % self.nranks:
             raise ValueError(f"reduce_scatter: send size {send.size} is not a multiple of nranks {self.nranks}")
         count = send.size // self.nranks
-        send, out = _flat_pair(send, out, count)
-        self._launch("ReduceScatter", send, out, count, op, -1)
-        return out
+        shape = api.scattered_shape(send.shape, count, self.nranks)
+        flat, recv, result = api.buffers("reduce_scatter", send, out, count, shape)
+        self._launch("ReduceScatter", flat, recv, count, op, -1)
+        return result
 
-    def broadcast(self, buf: np.ndarray, root: int = 0, out: np.ndarray | None = None) -> np.ndarray:
+    def broadcast(self, buf: np.ndarray, *rest, root: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        out, root = api.buffer_first("broadcast", rest, out, root, 0)
         self._check_root(root)
-        buf, out = _flat_pair(buf, buf if out is None else out, buf.size)
-        self._launch("Broadcast", buf, out, buf.size, "sum", root)
-        return out
+        buf = api.check_send("broadcast", buf)
+        flat, recv, result = api.buffers("broadcast", buf, buf if out is None else out, buf.size, buf.shape)
+        self._launch("Broadcast", flat, recv, flat.size, "sum", root)
+        return result
 
-    def reduce(self, send: np.ndarray, root: int = 0, op: str = "sum", out: np.ndarray | None = None) -> np.ndarray:
+    def reduce(self, send: np.ndarray, *rest, root: int | None = None, op: str | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
+        """``reduce(x, root=0, op="sum")``, or nccl4py's ``reduce(sendbuf, recvbuf, op, root=None)`` where no root
+        means AllReduce.  A non-root rank's receive buffer is left as it was, as NCCL leaves it."""
+        if rest and isinstance(rest[0], np.ndarray):  # nccl4py: (recvbuf, op[, root])
+            if len(rest) > 3:
+                raise TypeError("reduce: too many positional arguments")
+            out, op, root = rest[0], rest[1] if len(rest) > 1 else op, rest[2] if len(rest) > 2 else root
+            if root is None:
+                return self.all_reduce(send, out, op or "sum")
+        elif rest:  # ours: (root[, op])
+            if len(rest) > 2:
+                raise TypeError("reduce: too many positional arguments")
+            root, op = rest[0], rest[1] if len(rest) > 1 else op
+        root, op = 0 if root is None else root, op or "sum"
         self._check_root(root)
-        send, out = _flat_pair(send, out, send.size)
-        self._launch("Reduce", send, out, send.size, op, root)
-        return out
+        send = api.check_send("reduce", send)
+        flat, recv, result = api.buffers("reduce", send, out, send.size, send.shape, zero=self.rank != root)
+        self._launch("Reduce", flat, recv, flat.size, op, root)
+        return result
+
+    allreduce, allgather = all_reduce, all_gather  # nccl4py's names
 
     def _proxy_ops(self, func: str, plan: enqueue.Plan, root: int) -> list:
         """``ncclProxySaveOp``: for each NET connector this collective uses, how many steps it moves."""
@@ -490,7 +523,7 @@ class Communicator:
         return [list(ch.ring.order) for ch in self.channels]
 
     def _check_root(self, root: int) -> None:
-        if not 0 <= root < self.nranks:
+        if not isinstance(root, (int, np.integer)) or not 0 <= root < self.nranks:
             raise ValueError(f"root {root} out of range for nranks {self.nranks}")
 
     def barrier(self) -> None:
@@ -555,22 +588,3 @@ def _traced_channel(gen, tracer, kernel, work):
     if tracer is not None:
         tracer.add("channel", kernel.op_count, work.channel, work.part_offset, work.part_count, work.chunk_count,
                    t0, now())
-
-
-def _flat_pair(send: np.ndarray, out: np.ndarray | None, out_size: int) -> tuple[np.ndarray, np.ndarray]:
-    if not isinstance(send, np.ndarray):
-        raise TypeError(f"expected a numpy array, got {type(send).__name__}")
-    dtype_name(send.dtype)  # raises for unsupported types
-    if not send.flags.c_contiguous:
-        raise ValueError("send buffer must be C-contiguous")
-    send = send.reshape(-1)
-    if out is None:
-        out = np.empty(out_size, dtype=send.dtype)
-    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError("output buffer must be a writable, C-contiguous numpy array")
-    if out.dtype != send.dtype:
-        raise TypeError(f"output dtype {out.dtype} differs from input dtype {send.dtype}")
-    out = out.reshape(-1)
-    if out.size < out_size:
-        raise ValueError(f"output has {out.size} elements, needs {out_size}")
-    return send, out[:out_size]

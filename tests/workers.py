@@ -250,6 +250,33 @@ def tree_bitwise(args: list[str]) -> None:
     print(f"rank {comm.rank} ok", flush=True)
 
 
+def api_forms(args: list[str]) -> None:
+    """nccl4py's forms next to ours on real ranks: results equal, Reduce leaves a non-root buffer untouched."""
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        x = np.full((2, 3), r + 1, np.float32)
+        y = np.empty_like(x)
+        comm.allreduce(x, y, collectives.SUM)
+        same(y, comm.all_reduce(x, op="sum"), "allreduce forms")
+        assert y.shape == (2, 3) and float(y[0, 0]) == n * (n + 1) / 2
+        out = np.full((2, 3), -7, np.float32)
+        got = comm.reduce(x, out, collectives.MAX, 1)
+        if r == 1:
+            assert float(got[0, 0]) == n
+        else:
+            assert np.all(out == -7), "a non-root rank's receive buffer must stay as it was"
+        b = np.empty_like(x)
+        comm.broadcast(x, b, 2)
+        assert np.all(b == 3)
+        g = np.empty((n * 2, 3), np.float32)
+        comm.allgather(x, g)
+        assert [float(v) for v in g[::2, 0]] == [q + 1 for q in range(n)]
+        rs = np.empty((1, 3), np.float32)
+        comm.reduce_scatter(np.ones((n, 3), np.float32), rs, collectives.SUM)
+        assert np.all(rs == n)
+    print(f"rank {r} ok", flush=True)
+
+
 if __name__ == "__main__":
     # NCCL_SHM_DISABLE=1 on one emulated node only (the test names it), set before any communicator exists.
     node = os.environ.get("NCCLLAB_TEST_SHM_DISABLE_NODE")

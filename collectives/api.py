@@ -1,0 +1,70 @@
+"""The public calls' arguments (NCCL ``src/collectives.cc``: ``ncclAllReduce`` & co., whose ``ncclEnqueueCheck``
+checks buffers and counts), in the two forms users bring:
+
+* ours, keyword style: ``all_reduce(x, op="sum", out=None)``, ``reduce(x, root=0, op="sum", out=None)``,
+  ``broadcast(buf, root=0, out=None)``, returning the result with the input's shape;
+* nccl4py's (``bindings/nccl4py/nccl/core/communicator.py``), buffers first: ``allreduce(sendbuf, recvbuf, op)``,
+  ``allgather(sendbuf, recvbuf)``, ``reduce_scatter(sendbuf, recvbuf, op)``, ``broadcast(sendbuf, recvbuf, root)``,
+  ``reduce(sendbuf, recvbuf, op, root=None)`` (no root: an AllReduce, as nccl4py's), with ``SUM`` ... ``AVG``.
+
+The second positional argument tells the forms apart: an array is nccl4py's receive buffer.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .device.reduce_copy import dtype_name
+
+SUM, PROD, MAX, MIN, AVG = "sum", "prod", "max", "min", "avg"  # nccl4py's names for ncclRedOp_t
+
+
+def buffer_first(name: str, rest: tuple, out, value, default):
+    """``(recvbuf, value)`` positionally (nccl4py) or ``(value,)`` with ``out=`` (ours) -> (out, value)."""
+    rest = list(rest)
+    if rest and isinstance(rest[0], np.ndarray) or (rest and rest[0] is None and len(rest) > 1):
+        if out is not None:
+            raise TypeError(f"{name}: the receive buffer is given twice (positionally and as out=)")
+        out = rest.pop(0)
+    if len(rest) > 1:
+        raise TypeError(f"{name}: too many positional arguments")
+    if rest:
+        if value is not None:
+            raise TypeError(f"{name}: {rest[0]!r} given twice")
+        value = rest[0]
+    return out, default if value is None else value
+
+
+def check_send(name: str, send) -> np.ndarray:
+    if not isinstance(send, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy array, got {type(send).__name__}"
+                        + (" (use np.asarray(...) with a dtype)" if isinstance(send, (list, tuple)) else ""))
+    dtype_name(send.dtype)  # raises for unsupported types, naming the valid ones
+    if not send.flags.c_contiguous:
+        raise ValueError(f"{name}: the send buffer must be C-contiguous (np.ascontiguousarray)")
+    return send
+
+
+def buffers(name: str, send, out, out_count: int, out_shape: tuple, zero: bool = False
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(flat send, flat receive of ``out_count`` elements, what the call returns), for a send buffer that passed
+    ``check_send``.  Without ``out`` the result is a new array of ``out_shape`` (zeroed when ``zero``: a non-root
+    rank's Reduce output, never written)."""
+    if out is None:
+        out = (np.zeros if zero else np.empty)(out_shape, dtype=send.dtype)
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{name}: the receive buffer must be a writable, C-contiguous numpy array")
+    if out.dtype != send.dtype:
+        raise TypeError(f"{name}: receive buffer dtype {out.dtype} differs from send buffer dtype {send.dtype}")
+    if out.size < out_count:
+        raise ValueError(f"{name}: the receive buffer has {out.size} elements, needs {out_count}")
+    return send.reshape(-1), out.reshape(-1)[:out_count], out
+
+
+def gathered_shape(shape: tuple, nranks: int) -> tuple:
+    """AllGather's result: the ranks' inputs concatenated along the first axis."""
+    return (nranks * shape[0], *shape[1:]) if shape else (nranks,)
+
+
+def scattered_shape(shape: tuple, count: int, nranks: int) -> tuple:
+    """ReduceScatter's result: one rank's share of the first axis when it divides, else flat."""
+    return (shape[0] // nranks, *shape[1:]) if shape and shape[0] % nranks == 0 else (count,)
