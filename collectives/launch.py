@@ -34,6 +34,45 @@ FAILURE_GRACE_S = 5.0
 REPORTED = (CollectiveError, BootstrapError, NetError, ShmError)  # their message names rank, peer and state: one line
 
 
+def job_size() -> int | None:
+    """The number of ranks mpirun (or torchrun) started, read from its environment; None when not launched so."""
+    for var in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_SIZE", "WORLD_SIZE"):
+        if os.environ.get(var, "").isdigit() and "NCCLLAB_RANK" not in os.environ:
+            return int(os.environ[var])
+    return None
+
+
+def job_rank() -> int:
+    for var in ("NCCLLAB_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def node_hostid(rank: int, nranks: int, nodes: int) -> str:
+    """The emulated node of a rank: contiguous blocks of ranks, one ``NCCL_HOSTID`` per block."""
+    return f"nccllab-node{rank * nodes // nranks}"
+
+
+def emulated_node(nodes: int) -> None:
+    """Under mpirun or torchrun, ``--nodes K`` sets this rank's ``NCCL_HOSTID`` as ``spawn`` does for its children."""
+    size = job_size()
+    if nodes > 1 and size:
+        os.environ["NCCL_HOSTID"] = node_hostid(job_rank(), size, nodes)
+
+
+def memory_available() -> int:
+    """``MemAvailable`` from /proc/meminfo in bytes (0 when unknown)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
 def under_mpirun() -> bool:
     return "PMI_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ or "PMIX_RANK" in os.environ
 
@@ -46,11 +85,14 @@ def launched() -> bool:
 def _fatal_excepthook(exc_type, exc, tb) -> None:
     """A rank's uncaught error: one line (or a traceback for a bug) in one ``write``, so that the reports of several
     ranks never interleave; under mpirun, then ``MPI_Abort`` so that no rank waits for this one forever."""
-    if issubclass(exc_type, REPORTED):
+    if issubclass(exc_type, KeyboardInterrupt):
+        text = ""  # Ctrl-C: the launcher says it once, not every rank with a traceback
+    elif issubclass(exc_type, REPORTED):
         text = f"{exc_type.__name__}: {exc}\n"
     else:
         text = "".join(traceback.format_exception(exc_type, exc, tb))
-    os.write(2, text.encode(errors="replace"))
+    if text:
+        os.write(2, text.encode(errors="replace"))
     if under_mpirun() and not issubclass(exc_type, KeyboardInterrupt):
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
@@ -114,7 +156,7 @@ def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1)
                 NCCLLAB_COMM_MAGIC=hex(magic))
     procs = []
     for r in range(nranks):
-        extra = {"NCCL_HOSTID": f"nccllab-node{r * nodes // nranks}"} if nodes > 1 else {}
+        extra = {"NCCL_HOSTID": node_hostid(r, nranks, nodes)} if nodes > 1 else {}
         procs.append(subprocess.Popen([sys.executable, *argv], env={**base, "NCCLLAB_RANK": str(r), **extra}))
     rc, first_failure = 0, None
     grace = FAILURE_GRACE_S
@@ -134,7 +176,33 @@ def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1)
                 p.send_signal(signal.SIGINT)
         for p in procs:
             p.wait()
+        print(f"interrupted: {nranks} ranks stopped", file=sys.stderr)
         rc = rc or 130
     finally:
         sweep(f"{magic:012x}"[-12:])
     return rc or next((p.returncode for p in procs if p.returncode), 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m collectives.launch -g N [--nodes K] script.py args...``: run a script as N local ranks, as
+    mpirun would; in it, ``collectives.Communicator()`` finds its rank in the environment."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m collectives.launch", description=main.__doc__.split(":", 1)[1].strip(),
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("-g", "--nranks", "-n", dest="nranks", type=int, default=2, help="ranks to start")
+    p.add_argument("--nodes", type=int, default=1, help="emulated nodes (per-rank NCCL_HOSTID): NET between them")
+    p.add_argument("script", help="the Python script every rank runs")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    a = p.parse_args(argv)
+    if a.nranks < 1 or not 1 <= a.nodes <= a.nranks:
+        print(f"python -m collectives.launch: need -g >= 1 and 1 <= --nodes <= -g (got -g {a.nranks} --nodes "
+              f"{a.nodes})", file=sys.stderr)
+        return 2
+    if not os.path.isfile(a.script):
+        print(f"python -m collectives.launch: {a.script}: no such file", file=sys.stderr)
+        return 2
+    return spawn(a.nranks, [a.script, *a.args], nodes=a.nodes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -20,6 +20,8 @@ import numpy as np
 from . import reference
 from .comm import Communicator
 from .device.reduce_copy import DTYPES, parse_dtype, parse_op
+from .graph.cost_model import CostModel
+from .graph.presets import cpu_lab
 
 COLLS = {"allreduce": "AllReduce", "allgather": "AllGather", "reducescatter": "ReduceScatter",
          "broadcast": "Broadcast", "reduce": "Reduce"}
@@ -37,19 +39,30 @@ def parse_size(text: str) -> int:
     return int(float(text[:-1] if mult > 1 else text) * mult)
 
 
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (8, 1K, 64M, 1G)") from None
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-b", "--minbytes", type=parse_size, default=parse_size("32M"))
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("32M"))
-    p.add_argument("-i", "--stepbytes", type=parse_size, default=parse_size("1M"))
-    p.add_argument("-f", "--stepfactor", type=int, default=1)
-    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations (nccl-tests' -n)")
-    p.add_argument("-w", "--warmup_iters", type=int, default=1)
-    p.add_argument("-c", "--check", type=int, default=1)
-    p.add_argument("-d", "--datatype", default="float")
-    p.add_argument("-o", "--op", default="sum")
-    p.add_argument("-r", "--root", type=int, default=0)
-    p.add_argument("--coll", choices=sorted(COLLS), default="allreduce")
-    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON records ('-' for stdout)")
+    p.add_argument("-b", "--minbytes", type=_size_arg, default=parse_size("32M"),
+                   help="smallest message, nccl-tests' syntax (8, 1K, 64M, 1G)")
+    p.add_argument("-e", "--maxbytes", type=_size_arg, default=parse_size("32M"), help="largest message")
+    p.add_argument("-i", "--stepbytes", type=_size_arg, default=parse_size("1M"), help="size step when -f is 1")
+    p.add_argument("-f", "--stepfactor", type=int, default=1, help="multiply the size by this each row (1: add -i)")
+    p.add_argument("-n", "--iters", type=int, default=20, help="timed iterations per size and placement")
+    p.add_argument("-w", "--warmup_iters", type=int, default=1, help="untimed iterations before them")
+    p.add_argument("-c", "--check", type=int, default=1,
+                   help="1: run each size once more on fresh inputs and compare bitwise with the reference; 0: no")
+    p.add_argument("-d", "--datatype", default="float",
+                   help="int8 uint8 int32 uint32 int64 uint64 half/float16 bfloat16 float/float32 double/float64")
+    p.add_argument("-o", "--op", default="sum", help="sum, prod, min, max or avg")
+    p.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce")
+    p.add_argument("--coll", choices=sorted(COLLS), default="allreduce", help="the collective to run")
+    p.add_argument("--json", metavar="FILE", help="also write the rows as JSON records ('-': to stdout, and the "
+                                                  "table to stderr)")
 
 
 def sizes(args) -> list[int]:
@@ -177,8 +190,10 @@ class Runner:
         size_u = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[self.dtype.itemsize]
         return int(np.count_nonzero(result.view(size_u) != np.asarray(expect).view(size_u)))
 
-    def run(self, out=sys.stdout) -> list[dict]:
+    def run(self, out=None) -> list[dict]:
+        """The table goes to stdout, or to stderr when ``--json -`` takes stdout for the records."""
         comm, args, n = self.comm, self.args, self.comm.nranks
+        out = out or (sys.stderr if args.json == "-" else sys.stdout)
         if comm.rank == 0:
             self._header(out)
         total_wrong, busbws = 0, []
@@ -214,7 +229,7 @@ class Runner:
             if args.json:
                 text = json.dumps(self.records, indent=1)
                 if args.json == "-":
-                    print(text, file=out)
+                    print(text, file=sys.stdout, flush=True)
                 else:
                     with open(args.json, "w") as f:
                         f.write(text + "\n")
@@ -222,7 +237,8 @@ class Runner:
 
     def _header(self, out) -> None:
         comm, a = self.comm, self.args
-        print(f"# nccl-lab {self.func} test (nccl-tests format): nThread 1 nGpus 1 minBytes {a.minbytes} "
+        ngpus = int(os.environ.get("NCCLLAB_NRANKS", "1"))  # ranks this command started (nccl-tests' -g)
+        print(f"# nccl-lab {self.func} test (nccl-tests format): nThread 1 nGpus {ngpus} minBytes {a.minbytes} "
               f"maxBytes {a.maxbytes} step: {a.stepfactor}({'factor' if a.stepfactor > 1 else 'bytes'}) "
               f"warmup iters: {a.warmup_iters} iters: {a.iters} validation: {a.check}", file=out)
         print("#", file=out)
@@ -232,10 +248,12 @@ class Runner:
         protos = sorted({p.proto for p in plans} or {"-"})
         print(f"# Using devices  (nranks {comm.nranks}, nnodes {comm.nnodes}, nchannels {comm.nchannels}, algo "
               f"{'/'.join(algos)}, proto {'/'.join(protos)}: NCCL's cost model per size, see --json)", file=out)
-        for info in comm.peer_info:
-            print(f"#  Rank {info['rank']:2d} Group  0 Pid {info['pid']:6d} on {info['host']:>10} device "
-                  f"{comm.local_ranks.index(info['rank']) if info['rank'] in comm.local_ranks else 0:2d} [cpu]",
-                  file=out)
+        node = comm.node_of_rank
+        for info in comm.peer_info:  # the device is the rank's index on its node, as the log's r[dev]
+            r = info["rank"]
+            dev = [q for q in range(comm.nranks) if node[q] == node[r]].index(r)
+            print(f"#  Rank {r:2d} Group  0 Pid {info['pid']:6d} on {info['host']:>10} device {dev:2d} [cpu] "
+                  f"node {node[r]}", file=out)
         print("#", file=out)
         print(f"# {'':>60}out-of-place                       in-place          ", file=out)
         print(f"# {'size':>10}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}  {'time':>7}  {'algbw':>6}  "
@@ -253,21 +271,93 @@ class Runner:
         print(line, file=out, flush=True)
 
 
-def main(module: str, argv: Sequence[str] | None = None) -> int:
-    """Entry point shared by ``collectives.ring`` & co.: spawn ranks when not launched, else run the sweep."""
-    from .launch import launched, spawn
-    argv = list(sys.argv[1:] if argv is None else argv)
-    p = argparse.ArgumentParser(prog=f"python -m {module}", description=__doc__.split("\n")[0])
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults in every flag's help, and the entry point's docstring as written."""
+
+
+def build_parser(module: str) -> argparse.ArgumentParser:
+    doc = getattr(sys.modules.get("__main__"), "__doc__", None) or __doc__  # the entry point's own docstring
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.strip(),
+                                formatter_class=_Formatter)
     add_arguments(p)
-    p.add_argument("-g", "--ngpus", "--nranks", "-np", dest="nranks", type=int, default=8,
-                   help="ranks to start when not under mpirun (nccl-tests' -g: GPUs driven by this command)")
+    p.add_argument("-g", "--ngpus", "--nranks", "-np", dest="nranks", type=int, default=None,
+                   help="ranks to start when not under mpirun (nccl-tests' -g: GPUs driven by this command); "
+                        "under mpirun it must equal mpirun's -n [default: 8, or mpirun's -n]")
     p.add_argument("--nodes", type=int, default=1,
-                   help="without mpirun: split the ranks into this many nodes (per-rank NCCL_HOSTID)")
-    args = p.parse_args(argv)
+                   help="emulated nodes: the ranks are split into this many contiguous blocks, each with its own "
+                        "NCCL_HOSTID, so they talk over NET between nodes (also under mpirun)")
+    if module.endswith(".tree"):
+        p.add_argument("--from-log", metavar="LOG", help="instead of running: rebuild the trees of a real NCCL INFO "
+                                                         "log with our construction and diff them (no ranks start)")
+    return p
+
+
+def check_args(args, nranks: int) -> str | None:
+    """What can be checked before any rank starts: one line saying what is wrong and what would be valid."""
+    from .launch import memory_available
+    if nranks < 1:
+        return f"-g {nranks}: the number of ranks must be at least 1"
+    if not 1 <= args.nodes <= nranks:
+        return f"--nodes {args.nodes}: must be between 1 and the number of ranks ({nranks})"
+    if args.minbytes < 0 or args.maxbytes < 0:
+        return "-b and -e must not be negative"
+    if args.minbytes > args.maxbytes:
+        return f"-b {args.minbytes} is larger than -e {args.maxbytes}: nothing to run"
+    if args.iters < 1:
+        return f"-n {args.iters}: the number of timed iterations must be at least 1"
+    if args.warmup_iters < 0:
+        return f"-w {args.warmup_iters}: warm-up iterations must not be negative"
+    if args.stepfactor < 1 and args.stepbytes <= 0:
+        return "-f below 2 needs a positive -i step"
+    try:
+        parse_dtype(args.datatype)
+        parse_op(args.op)
+        model = CostModel(cpu_lab(nranks, args.nodes), os.environ.get("NCCL_PROTO", ""),
+                          os.environ.get("NCCL_ALGO", ""))
+        if nranks > 1:  # a setting that leaves this collective nothing to run fails here, not on every rank
+            model.choose(COLLS[args.coll], max(1, args.maxbytes))
+    except ValueError as exc:
+        return str(exc)
+    if args.coll in ("broadcast", "reduce") and not 0 <= args.root < nranks:
+        return f"-r {args.root}: the root must be a rank, 0 to {nranks - 1}"
+    if args.json and args.json != "-":
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            return f"--json {args.json}: cannot write there ({folder} is not a writable folder)"
+    # per rank: send, receive and check buffers, and the reference's inputs and sums: about 6 x the largest message
+    need, have = 6 * args.maxbytes * nranks, memory_available()
+    if have and need > have:
+        return (f"-e {args.maxbytes} needs about {need / 2**30:.1f} GiB for {nranks} ranks on this machine, "
+                f"{have / 2**30:.1f} GiB are available: lower -e")
+    return None
+
+
+def main(module: str, argv: Sequence[str] | None = None) -> int:
+    """Entry point shared by ``collectives.ring`` & co.: check the arguments, spawn ranks when not launched (or
+    take mpirun's), then run the sweep."""
+    from .launch import emulated_node, job_size, launched, spawn
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(module).parse_args(argv)
+    size = job_size()
+    if size is not None and args.nranks is not None and args.nranks != size:
+        return _usage(module, f"-g {args.nranks} but this job has {size} ranks (mpirun -n {size}): drop -g or "
+                              f"make them equal")
+    nranks = size or (8 if args.nranks is None else args.nranks)
+    problem = check_args(args, nranks)
+    if problem:
+        return _usage(module, problem)
     if not launched():
-        return spawn(args.nranks, ["-m", module, *argv], nodes=args.nodes)
+        return spawn(nranks, ["-m", module, *argv], nodes=args.nodes)
+    emulated_node(args.nodes)
     with Communicator() as comm:
         runner = Runner(comm, args)
         records = runner.run()
     wrong = sum(r["wrong"] or 0 for r in records)
     return 1 if wrong else 0
+
+
+def _usage(module: str, problem: str) -> int:
+    """One line, from one process (under mpirun only rank 0 speaks; the others agree silently)."""
+    if os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0")) == "0":
+        print(f"python -m {module}: {problem}", file=sys.stderr)
+    return 2

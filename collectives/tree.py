@@ -19,6 +19,8 @@ if __name__ == "__main__":
         i = argv.index("--from-log")
         if i + 1 >= len(argv):
             sys.exit("python -m collectives.tree: --from-log needs an NCCL INFO log file")
+        if not os.path.isfile(argv[i + 1]):
+            sys.exit(f"python -m collectives.tree: --from-log {argv[i + 1]}: no such file")
         sys.exit(replay_main([argv[i + 1], *argv[:i], *argv[i + 2:]]))
     os.environ.setdefault("NCCL_ALGO", "Tree")
     sys.exit(main("collectives.tree"))
