@@ -101,7 +101,7 @@ def test_zero_byte_write_with_imm_needs_no_rkey(V, pair):
     _, ctx, pd, (a, cqa), (b, cqb) = pair
     dst, dmr = buffer(V, pd, 64)
     b.post_recv(V.RecvWR(wr_id=5, num_sge=1, sg=[V.SGE(dst.ctypes.data, 0, dmr.lkey)]))
-    a.post_send(write_wr(V, 2, dmr, 0, 0, 0, 0, imm=77))
+    a.post_send(write_wr(V, 2, dmr, dst.ctypes.data, 0, 0, 0, imm=77))  # rkey 0, address 0: not looked at
     (rwc,) = poll(cqb)
     assert (rwc.status, rwc.byte_len, rwc.imm_data) == (0, 0, 77)
 

@@ -31,8 +31,7 @@ def to_rts(V, qp, dlid, dqpn, rnr_retry=7, timeout=20, retry_cnt=7):
 def write_wr(V, wr_id, mr, addr, length, rkey, raddr, imm=None, signaled=True):
     e = V.e
     op = e.IBV_WR_RDMA_WRITE if imm is None else e.IBV_WR_RDMA_WRITE_WITH_IMM
-    sg = [V.SGE(addr, length, mr.lkey)] if length else []
-    wr = V.SendWR(wr_id=wr_id, opcode=op, num_sge=len(sg), imm_data=imm or 0, sg=sg or None,
+    wr = V.SendWR(wr_id=wr_id, opcode=op, num_sge=1, imm_data=imm or 0, sg=[V.SGE(addr, length, mr.lkey)],
                   send_flags=e.IBV_SEND_SIGNALED if signaled else 0)
     wr.set_wr_rdma(rkey, raddr)
     return wr
