@@ -66,6 +66,8 @@ class ProxyOp:
         self.posted = self.transmitted = self.received = self.done = 0
         self.requests: dict = {}
         self.step_size = len(nc.conn.buffs[proto]) // NCCL_STEPS
+        if tracer is not None:  # the plugin's own events (NET/IB: CTS, WRs, completions) go to the same trace
+            nc.plugin.trace_to(nc.comm, tracer, seq, nc.channel, nc.conn.peer)
 
     @property
     def complete(self) -> bool:

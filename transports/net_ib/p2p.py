@@ -29,7 +29,8 @@ from .reg import address_of
 def _trace(comm, event: str, slot: int, qp: int, nbytes: int) -> None:
     if comm.trace is not None:
         tracer, seq, channel, peer = comm.trace
-        tracer.add("net_ib", seq, channel, peer, comm.is_send, event, slot, qp, nbytes, time.monotonic_ns())
+        t = time.monotonic_ns()
+        tracer.add("net_ib", seq, channel, peer, comm.is_send, event, slot, qp, nbytes, t, t)
 
 
 def irecv(comm, bufs: list, sizes: list, tags: list, mhandles: list):
