@@ -21,6 +21,17 @@ SEND_FIFO = np.dtype([("addr", "<u8"), ("size", "<u8"), ("rkeys", "<u4", (NCCL_I
 assert SEND_FIFO.itemsize == 64
 
 REQ_UNUSED, REQ_SEND, REQ_RECV = 0, 1, 2
+PAGE = 4096
+
+
+def aligned_zeros(shape: tuple, dtype) -> np.ndarray:
+    """Page-aligned zeroed array (NCCL allocates comms with ``ncclIbMalloc``, page-aligned): a FIFO entry must
+    start on a 64-B boundary or a NIC may place its two halves, and ``idx`` with them, in either order."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    raw = np.zeros(nbytes + PAGE, np.uint8)
+    off = (-raw.ctypes.data) % PAGE
+    return raw[off:off + nbytes].view(dtype).reshape(shape)
 
 
 class IbRequest:

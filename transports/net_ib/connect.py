@@ -17,12 +17,10 @@ import json
 import socket
 import struct
 
-import numpy as np
-
 from collectives import sockets
 
 from ..net_plugin import NetError
-from .common import NCCL_NET_IB_MAX_RECVS, NET_IB_MAX_REQUESTS, SEND_FIFO
+from .common import NCCL_NET_IB_MAX_RECVS, NET_IB_MAX_REQUESTS, SEND_FIFO, aligned_zeros
 from .reg import MrCache
 
 
@@ -130,7 +128,7 @@ class IbSendComm(IbCommBase):
         super().__init__(net, dev, sock, True)
         e = self.V.e
         self.ar = dev.ar
-        self.cts_fifo = np.zeros((NET_IB_MAX_REQUESTS, NCCL_NET_IB_MAX_RECVS), SEND_FIFO)
+        self.cts_fifo = aligned_zeros((NET_IB_MAX_REQUESTS, NCCL_NET_IB_MAX_RECVS), SEND_FIFO)
         self.fifo_idx = self.cts_fifo["idx"][:, 0]  # a view: the sender polls it
         self.fifo_mr = self.mrs.reg(self.cts_fifo.ctypes.data, self.cts_fifo.nbytes, owner=self.cts_fifo)
         for _ in range(self.nqps):
@@ -167,7 +165,7 @@ class IbRecvComm(IbCommBase):
             self.create_qp(e.IBV_ACCESS_REMOTE_WRITE, 2 * NET_IB_MAX_REQUESTS, NET_IB_MAX_REQUESTS)
         self.rtr_rts(meta)
         self.rem_fifo_addr, self.rem_fifo_rkey = meta["fifo_addr"], meta["fifo_rkey"]
-        self.elems = np.zeros((NET_IB_MAX_REQUESTS, NCCL_NET_IB_MAX_RECVS), SEND_FIFO)
+        self.elems = aligned_zeros((NET_IB_MAX_REQUESTS, NCCL_NET_IB_MAX_RECVS), SEND_FIFO)
         self.elems_mr = self.mrs.reg(self.elems.ctypes.data, self.elems.nbytes, owner=self.elems)
         # pyverbs will not build a receive WR without an SGE (NCCL posts none): one 0-byte SGE, never written
         self.recv_sge = self.V.SGE(self.elems.ctypes.data, 0, self.elems_mr.lkey)

@@ -95,8 +95,8 @@ def isend(comm, buf: memoryview, size: int, tag: int, mhandle):
                        f"{int(cts['size'][0])} addr {addr:x} rkeys[0]={rkey:x}")
     _trace(comm, "cts_seen", slot, 0, size)
     req = IbRequest(comm, comm.fifo_head, REQ_SEND, nreqs)
-    req.size, req.addr = size, address_of(buf)
-    req.lkey = (mhandle if mhandle is not None else comm.mrs.lookup(buf)).lkey
+    mr = mhandle if mhandle is not None else comm.mrs.lookup(buf)
+    req.size, req.addr, req.lkey = size, address_of(buf) or mr.buf, mr.lkey  # an empty view has no address
     req.events = comm.nqps_per_request()
     comm.reqs[slot] = req
     multi_send(comm, slot, req, addr, rkey)

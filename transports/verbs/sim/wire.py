@@ -92,6 +92,8 @@ class Link:
                 views = [op.inline]
             else:
                 for sge in op.sges:
+                    if not sge.length:
+                        continue  # a zero-length SGE touches no memory (mlx5 skips it too)
                     mr = self.hca.lkeys.get(sge.lkey)
                     if mr is None or mr.pd is not qp.pd or not mr.covers(sge.addr, sge.length):
                         views = None
