@@ -1,9 +1,8 @@
 """Devices, contexts and protection domains (pyverbs ``pyverbs.device``, ``pyverbs.pd``) of the software verbs
 provider: a stand-in for an HCA, not one.
 
-One device, ``sim_ib0``, port 1, link layer InfiniBand.  Its LID is the TCP port its wire thread listens on, on
-the OOB address (``NCCL_SOCKET_IFNAME``): the stand-in's subnet is one host, which is where the lab's emulated
-nodes (``NCCL_HOSTID``) live.
+One device, ``sim_ib0``, port 1, link layer InfiniBand.  Its LID is the TCP port its wire thread listens on at
+127.0.0.1: the stand-in's subnet is one host, which is where the lab's emulated nodes (``NCCL_HOSTID``) live.
 """
 from __future__ import annotations
 
