@@ -3,11 +3,14 @@ the NCCL-order reference for every collective and protocol, 1 and 4 QPs per conn
 mode; the log lines; the trace events; a peer killed mid-transfer."""
 import json
 import os
+import re
 
 import pytest
 
 from conftest import run_ranks
+from tracing import export
 from tracing.events import read_rank_file
+from visualize import diagrams, ib_sequence
 
 ALL = json.dumps(["allreduce", "reducescatter", "allgather", "broadcast", "reduce"])
 IB = {"NCCL_NET": "IB", "NCCLLAB_VERBS": os.environ.get("NCCLLAB_VERBS", "auto"), "NCCLLAB_TIMEOUT": "60"}
@@ -46,6 +49,20 @@ def test_trace_has_the_ib_message_sequence(tmp_path):
             (False, "completion")} <= kinds
     recv = [e for e in ib if not e["is_send"] and e["slot"] == 0]
     assert [e["event"] for e in recv][:2] == ["cts_posted", "completion"]
+    # the message-sequence diagram drawn from it: CTS write receiver -> sender, data + IMM sender -> receiver
+    _, merged = export.load(str(tmp_path))
+    r, s = ib_sequence.pick(merged)
+    src = ib_sequence.ib_sequence(r, s)
+    name = {id(e): f"e{i}" for i, e in enumerate(sorted(r + s, key=lambda e: e["t0"]))}
+    cts = next(name[id(e)] for e in r if e["event"] == "cts_posted")
+    seen = next(name[id(e)] for e in s if e["event"] == "cts_seen")
+    wr = next(name[id(e)] for e in s if e["event"] == "wr_posted")
+    done = next(name[id(e)] for e in r if e["event"] == "completion")
+    assert re.search(rf"{cts} -> {seen} \[label=\"RDMA_WRITE 64-B ncclIbSendFifo", src)
+    assert re.search(rf"{wr} -> {done} \[label=\"data \+ WRITE_WITH_IMM", src)
+    assert r[0]["t0"] < s[0]["t0"] and s[-1]["event"] == "completion"
+    (png,) = diagrams.render(src, str(tmp_path / "ibseq"), formats=("png",))
+    assert os.path.getsize(png) > 0
 
 
 def test_killed_peer_is_named():

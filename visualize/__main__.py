@@ -5,6 +5,7 @@
     trees    TRACE_DIR -o trees              the two trees of each channel (b)
     flow     TRACE_DIR -o flow [--seq S --channel C]   chunk flow of one collective (c)
     log      NCCL_LOG -o prefix              rings and trees from a real NCCL INFO log (d)
+    ibseq    TRACE_DIR -o ibseq [--seq S --slot K]   one NET/IB transfer's message sequence (NCCL_NET=IB runs)
     sweep    -g N -b 8 -e 64M -o DIR         runs ours and MPI side by side under mpirun, then plots
 Diagrams are written as OUT.dot, OUT.png and OUT.svg.
 """
@@ -34,12 +35,13 @@ def _trees_from_meta(meta: dict):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m visualize", description=__doc__.split("\n")[0])
-    p.add_argument("kind", choices=["curves", "topology", "trees", "flow", "log", "sweep"])
+    p.add_argument("kind", choices=["curves", "topology", "trees", "flow", "log", "sweep", "ibseq"])
     p.add_argument("inputs", nargs="*")
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--title", default="")
     p.add_argument("--seq", type=int, default=0)
     p.add_argument("--channel", type=int, default=0)
+    p.add_argument("--slot", type=int, default=0)
     p.add_argument("-g", "--nranks", type=int, default=2)
     p.add_argument("-b", default="8")
     p.add_argument("-e", default="64M")
@@ -57,6 +59,11 @@ def main(argv=None) -> int:
             ring = meta["rings"][a.channel % len(meta["rings"])]
             src = diagrams.chunk_flow(events, a.seq, a.channel, ring, a.title)
         print("\n".join(diagrams.render(src, a.out)))
+    elif a.kind == "ibseq":
+        from . import ib_sequence
+        _, events = _trace(a.inputs[0])
+        recv, send = ib_sequence.pick(events, None, a.slot)
+        print("\n".join(diagrams.render(ib_sequence.ib_sequence(recv, send, a.title), a.out)))
     elif a.kind == "log":
         from tracing import nccl_log
         log = nccl_log.parse(open(a.inputs[0]).read())
