@@ -18,6 +18,7 @@ import socket
 import struct
 
 from collectives import sockets
+from tracing import debug
 
 from ..net_plugin import NetError
 from .common import NCCL_NET_IB_MAX_RECVS, NET_IB_MAX_REQUESTS, SEND_FIFO, aligned_zeros
@@ -47,7 +48,7 @@ class IbCommBase:
         self.cq = self.V.CQ(dev.context, 2 * NET_IB_MAX_REQUESTS * self.nqps + 64, None, None, 0)
         self.qps: list = []
         self.trace = None  # (tracer, seq, channel, peer) set by the proxy when it traces
-        self.stats = {"cts": 0, "data_wrs": 0, "imm_wrs": 0, "chunks": []}
+        self.stats = {"requests": 0, "cts": 0, "data_wrs": 0, "imm_wrs": 0, "chunks": []}
 
     def nqps_per_request(self) -> int:
         return self.nqps if self.split else self.n_data_qps
@@ -110,7 +111,20 @@ class IbCommBase:
             self.sock.setblocking(True)
         return True
 
+    def log_stats(self) -> None:
+        """One INFO line of this comm's counters (the figures' "provider counters")."""
+        st, ch = self.stats, self.stats["chunks"]
+        if self.is_send:
+            aligned = all(c % 128 == 0 for i, c in enumerate(ch) if (i + 1) % self.nqps_per_request())
+            what = (f"{st['requests']} sends, {st['data_wrs']} data WRs ({st['imm_wrs']} WRITE_WITH_IMM) on "
+                    f"{self.nqps} QP(s) split={self.split}, chunks {min(ch, default=0)}..{max(ch, default=0)} B, "
+                    f"non-last chunks 128-B multiples: {'yes' if aligned else 'no'}")
+        else:
+            what = f"{st['requests']} receives, {st['cts']} CTS writes"
+        debug.info("NET", f"NET/IB : {'send' if self.is_send else 'recv'} comm with peer {self.peer}: {what}")
+
     def close(self) -> None:
+        self.log_stats()
         for qp in self.qps:
             qp.close()
         self.qps = []

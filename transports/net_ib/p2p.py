@@ -56,6 +56,7 @@ def irecv(comm, bufs: list, sizes: list, tags: list, mhandles: list):
     elem["rkeys"][0, 0] = mr.rkey
     elem["idx"][0] = comm.fifo_head + 1
     post_fifo(comm, req, slot)
+    comm.stats["requests"] += 1
     comm.fifo_head += 1
     return req
 
@@ -100,6 +101,7 @@ def isend(comm, buf: memoryview, size: int, tag: int, mhandle):
     req.events = comm.nqps_per_request()
     comm.reqs[slot] = req
     multi_send(comm, slot, req, addr, rkey)
+    comm.stats["requests"] += 1
     comm.fifo_head += 1
     return req
 
