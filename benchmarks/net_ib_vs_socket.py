@@ -68,7 +68,8 @@ def rank_main(a) -> None:
         x = np.ones(size // 4, np.float32)
         iters = max(2, min(20, (64 << 20) // size))
         t = {name: timed(c, x, iters) for name, c in (("IB", ib), ("Socket", sock))}
-        rows.append({"size": size, **{k: 2 * (n - 1) / n * size / v / 1e9 for k, v in t.items()}})
+        rows.append({"size": size, **{k: 2 * (n - 1) / n * size / v / 1e9 for k, v in t.items()},
+                     **{f"{k}_algbw": size / v / 1e9 for k, v in t.items()}})
         if ib.rank == 0:
             print(f"{size:>12} B  busbw GB/s  IB {rows[-1]['IB']:.3f}  Socket {rows[-1]['Socket']:.3f}", flush=True)
         size *= a.f
@@ -84,7 +85,8 @@ def rank_main(a) -> None:
         for name in ("IB", "Socket"):
             label = f"NET/{name}" + (f" ({provider} verbs)" if name == "IB" else "") + f", {n} ranks on 2 nodes"
             with open(os.path.join(a.o, f"net_{name.lower()}.json"), "w") as f:
-                json.dump({"label": label, "points": [{"size": r["size"], "busbw": r[name]} for r in rows]}, f)
+                json.dump({"label": label, "points": [{"size": r["size"], "busbw": r[name], "algbw": r[f"{name}_algbw"]}
+                                                     for r in rows]}, f)
         with open(os.path.join(a.o, "summary.json"), "w") as f:
             json.dump({"rows": rows, "latency_us": lat, "counters": total, "provider": provider}, f, indent=1)
     ib.destroy()
