@@ -38,7 +38,7 @@ class MrCache:
     def lookup(self, buf: memoryview):
         """The MR for a slice of a buffer (registering the whole underlying buffer the first time)."""
         base = buf.obj if buf.obj is not None else buf
-        whole = memoryview(base).cast("B") if not isinstance(base, np.ndarray) else memoryview(base.reshape(-1)).cast("B")
+        whole = memoryview(base.reshape(-1) if isinstance(base, np.ndarray) else base).cast("B")
         return self.reg(address_of(whole), len(whole), owner=base)
 
     def close(self) -> None:
