@@ -211,3 +211,20 @@ def test_qp_in_error_fails_the_next_transfer(ib_pair):
     with pytest.raises(NetError, match=re.escape(f"from peer {recv.peer} with status=Work Request Flushed Error(5)")):
         r = post(net.irecv, recv, [memoryview(out)], [64], [0], [None])
         wait(net, r)
+
+
+def test_plugin_selection(monkeypatch):
+    from transports import net_select
+    from transports.verbs import pyverbs_shim
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("NCCL_NET", "Foo")
+    with pytest.raises(NetError, match=r"^NCCL_NET=Foo: network not found"):
+        net_select.select_plugin()
+    monkeypatch.setenv("NCCL_NET", "ib")
+    monkeypatch.setenv("NCCL_IB_DISABLE", "1")
+    with pytest.raises(NetError, match=r"^NCCL_NET=IB: NET/IB : disabled by NCCL_IB_DISABLE=1$"):
+        net_select.select_plugin()
+    monkeypatch.delenv("NCCL_IB_DISABLE")
+    assert net_select.select_plugin().name == "IB"
+    monkeypatch.delenv("NCCL_NET")  # by default IB only on a real device, as NCCL finds no HCA otherwise
+    assert net_select.select_plugin().name == ("IB" if pyverbs_shim.device_names() else "Socket")

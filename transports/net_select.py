@@ -11,6 +11,7 @@ from collectives.param import env_str
 from tracing import debug
 
 from .net_plugin import NetError, NetPlugin
+from .verbs import pyverbs_shim
 
 
 def select_plugin() -> NetPlugin:
@@ -19,6 +20,8 @@ def select_plugin() -> NetPlugin:
     want = env_str("NCCL_NET").lower()
     if want not in ("", "ib", "socket"):
         raise NetError(f"NCCL_NET={env_str('NCCL_NET')}: network not found (this build has IB and Socket)")
+    if want == "" and (env_str("NCCLLAB_VERBS").lower() == "sim" or not pyverbs_shim.device_names()):
+        want = "socket"  # no real RDMA device: do not start the software provider behind the user's back
     if want in ("", "ib"):
         ib = IbNet()
         try:
