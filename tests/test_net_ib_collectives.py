@@ -49,6 +49,9 @@ def test_trace_has_the_ib_message_sequence(tmp_path):
             (False, "completion")} <= kinds
     recv = [e for e in ib if not e["is_send"] and e["slot"] == 0]
     assert [e["event"] for e in recv][:2] == ["cts_posted", "completion"]
+    pf = [e for e in export.perfetto(str(tmp_path))["traceEvents"] if e.get("cat") == "net_ib"]
+    assert pf and all(e["tid"] == export.PROXY_TID + e["args"]["channel"] for e in pf)  # on the proxy's track
+    assert any(e["name"].startswith("IB cts_posted slot 0") for e in pf)
     # the message-sequence diagram drawn from it: CTS write receiver -> sender, data + IMM sender -> receiver
     _, merged = export.load(str(tmp_path))
     r, s = ib_sequence.pick(merged)
