@@ -8,7 +8,7 @@ direction) the first transport that can connect wins, in NCCL's order P2P, SHM, 
 * P2P: none on a CPU (peer-mapped device memory is what SHM provides here), so ``NCCL_P2P_DISABLE`` changes
   nothing;
 * SHM: same host hash (``NCCL_HOSTID`` can make one machine several hosts) and ``NCCL_SHM_DISABLE != 1``;
-* NET: always possible; the socket plugin and a proxy thread carry the data.
+* NET: always possible; a net plugin (``transports.net_select``: IB or Socket) and a proxy thread carry the data.
 Setup exchanges connect blobs (SHM segment names, NET listen handles) through one bootstrap allgather, then the
 senders connect and the receivers accept.
 """
@@ -61,10 +61,10 @@ def connect(comm, needs: list) -> None:
     if comm._shm is None:
         comm._shm = shm.ShmSetup(comm.tag, comm.rank, comm.buff_sizes)
     if "NET" in kinds.values() and comm.net_plugin is None:
-        from transports.net_socket import SocketNet  # the plugin imports collectives: load it when needed
-        comm.net_plugin = SocketNet()
-        comm.net_plugin.init()
+        from transports.net_select import select_plugin  # the plugins import collectives: load them when needed
+        comm.net_plugin = select_plugin()
     plugin, listens, blobs = comm.net_plugin, {}, {}
+    via = f"NET/{plugin.name}/0" if plugin is not None else ""
     for ch, d, p in needs:
         key = (d, ch.id, p)
         if kinds[(ch.id, d, p)] == "SHM":
@@ -83,22 +83,22 @@ def connect(comm, needs: list) -> None:
                 ch.send_to[p] = comm._shm.send_connect(blobs[(d, ch.id, p)], peer_blob, p)
                 debug.info("SHM", f"Channel {ch.id:02d} : {me_r}[{dev(me_r)}] -> {p}[{dev(p)}] via SHM/direct/direct")
             else:
-                conn = ch.send_to[p] = net.make_connector(p, True, comm.buff_sizes, "NET/Socket/0")
+                conn = ch.send_to[p] = net.make_connector(p, True, comm.buff_sizes, via)
                 comm.net_connections.append(net.NetConnection(plugin, conn, plugin.connect(0, peer_blob, deadline),
                                                               ch.id))
                 debug.info("NET", f"Channel {ch.id:02d}/0 : {me_r}[{dev(me_r)}] -> {p}[{dev(p)}] [send] via "
-                                  f"NET/Socket/0")
+                                  f"{via}")
         for ch, d, p in needs:
             if d != "recv":
                 continue
             if kinds[(ch.id, d, p)] == "SHM":
                 ch.recv_from[p] = comm._shm.recv_connect(blobs[(d, ch.id, p)], all_blobs[p][("send", ch.id, me_r)], p)
             else:
-                conn = ch.recv_from[p] = net.make_connector(p, False, comm.buff_sizes, "NET/Socket/0")
+                conn = ch.recv_from[p] = net.make_connector(p, False, comm.buff_sizes, via)
                 comm.net_connections.append(net.NetConnection(plugin, conn, plugin.accept(listens[(d, ch.id, p)],
                                                                                            deadline), ch.id))
                 debug.info("NET", f"Channel {ch.id:02d}/0 : {p}[{dev(p)}] -> {me_r}[{dev(me_r)}] [receive] via "
-                                  f"NET/Socket/0")
+                                  f"{via}")
         comm.bootstrap.barrier()  # every peer has mapped our segments and accepted our connections
     finally:
         comm._shm.unlink_all()

@@ -25,6 +25,9 @@ FIELDS = {
     # t_wait = data ready (SendGPUWait ends) or irecv posted, t_post = isend issued, t1 = test() said done.
     "proxy_op": ("seq", "channel", "peer", "is_send", "proto", "nsteps", "t0", "t1"),
     "proxy_step": ("seq", "channel", "peer", "is_send", "step", "slot", "bytes", "t0", "t_post", "t1"),
+    # NET/IB plugin (an instant, t0 == t1): event = cts_posted (receiver wrote its CTS FIFO entry), cts_seen
+    # (sender found it), wr_posted (a data WR on QP index qp), completion (a CQE for the request; qp = qp_num).
+    "net_ib": ("seq", "channel", "peer", "is_send", "event", "slot", "qp", "bytes", "t0", "t1"),
 }
 
 

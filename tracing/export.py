@@ -88,6 +88,8 @@ def perfetto(directory: str) -> dict:
         elif kind == "proxy_step":
             name = f"{'isend' if e['is_send'] else 'irecv'} step {e['step']} ({e['bytes']} B)"
             tid = PROXY_TID + e["channel"]
+        elif kind == "net_ib":
+            name, tid = f"IB {e['event']} slot {e['slot']} qp {e['qp']} ({e['bytes']} B)", PROXY_TID + e["channel"]
         else:
             name, tid = f"slice {e['slice']} slot {e['slot']}", e["channel"]
         args = {k: v for k, v in e.items() if k not in ("kind", "t0", "t1", "rank")}

@@ -76,6 +76,8 @@ class ProxyOp:
         self.posted = self.transmitted = self.received = self.done = 0
         self.requests: dict = {}
         self.step_size = len(nc.conn.buffs[proto]) // NCCL_STEPS
+        if tracer is not None:  # the plugin's own events (NET/IB: CTS, WRs, completions) go to the same trace
+            nc.plugin.trace_to(nc.comm, tracer, seq, nc.channel, nc.conn.peer)
 
     def start(self) -> None:
         """``ncclProxyOpReady``: round the connection's step up to a chunk, and set where the next op starts."""

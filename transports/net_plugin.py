@@ -69,6 +69,10 @@ class NetPlugin:
     def test(self, request) -> tuple[bool, int]:
         raise NotImplementedError
 
+    def trace_to(self, comm, tracer, seq: int, channel: int, peer: int) -> None:
+        """The proxy's tracer for the plugin's own events on ``comm`` (a plugin without any ignores it)."""
+        return None
+
     def close_send(self, send_comm) -> None:
         raise NotImplementedError
 

@@ -21,6 +21,8 @@ KINDS = {
     "explain": "a short text report of a real NCCL INFO log plus its diagrams, in one folder (same as "
                "python -m tracing explain)",
     "curves": "algbw and busbw against size: runner --json rows, nccl-tests output, MPI and cost-model series",
+    "ibseq": "the message sequence of one NET/IB transfer (receiver posts CTS, sender writes, WRITE_WITH_IMM, "
+             "completion), from the trace of an NCCL_NET=IB run",
     "sweep": "runs our AllReduce and MPI's side by side under mpirun, then plots them",
 }
 
@@ -49,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     q = kind("flow", trace, "output path without extension: OUT.dot, OUT.png, OUT.svg")
     q.add_argument("--seq", type=int, default=0, help="which collective of the trace, from 0 (default 0)")
     q.add_argument("--channel", type=int, default=0, help="which channel, 0..nchannels-1 (default 0)")
+    q = kind("ibseq", trace, "output path without extension: OUT.dot, OUT.png, OUT.svg")
+    q.add_argument("--slot", type=int, default=0, help="which FIFO slot's transfer, 0..7 (default 0)")
     q = kind("log", ("NCCL_LOG", "a real NCCL_DEBUG=INFO log (ranks interleaved, any prefixes)"),
              "output prefix: PREFIX-rings.* and PREFIX-trees.*")
     q.add_argument("--max-channels", type=int, default=8, help="rings of at most this many channels (default 8)")
@@ -101,6 +105,13 @@ def _run(a) -> list[str]:
             meta = {**meta, "trees": _trees_from_meta(meta)}
             src = flow.chunk_flow(events, meta, a.seq, a.channel, a.title)
         return diagrams.render(src, a.out)
+    if a.kind == "ibseq":
+        from tracing import export
+
+        from . import ib_sequence
+        _, events = export.load_all(a.inputs)
+        recv, send = ib_sequence.pick(events, None, a.slot)
+        return diagrams.render(ib_sequence.ib_sequence(recv, send, a.title), a.out)
     if a.kind == "log":
         from . import explain
         facts, _ = explain.read_log(a.inputs)
