@@ -10,24 +10,40 @@ export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 N=${NRANKS:-8}
 rm -rf "$OUT" && mkdir -p "$OUT"
 FIXTURES=../shared/fixtures
+# The runner flags given to ./lab main reach every run: the tree runs drop --coll (the tree is AllReduce only),
+# the traced runs also drop the size and iteration flags (they trace one 1 MiB collective).
+without() {  # without "FLAG..." ARGS...: ARGS less each FLAG and its value
+  local drop=" $1 " skip=0 arg
+  shift
+  for arg in "$@"; do
+    if [ "$skip" = 1 ]; then skip=0; continue; fi
+    case "$drop" in *" $arg "*) skip=1; continue ;; esac
+    printf '%s\n' "$arg"
+  done
+}
+mapfile -t TREE_ARGS < <(without "--coll" "$@")
+mapfile -t TRACE_ARGS < <(without "-b -e -f -i -n -w -c --json" "$@")
+mapfile -t TRACE_TREE_ARGS < <(without "--coll -b -e -f -i -n -w -c --json" "$@")
 
 echo "== mpirun -n $N python -m collectives.ring $*"
 mpirun -n "$N" python -m collectives.ring -b 8 -e 64M -f 2 -w 2 -n 10 --json "$OUT/ring.json" "$@" | tee "$OUT/ring.txt"
 
 echo "== mpirun -n $N python -m collectives.tree (NCCL's double-binary-tree AllReduce, same table)"
-mpirun -n "$N" python -m collectives.tree -b 8 -e 64M -f 4 -w 1 -n 5 --json "$OUT/tree.json" | tee "$OUT/tree.txt"
+mpirun -n "$N" python -m collectives.tree -b 8 -e 64M -f 4 -w 1 -n 5 --json "$OUT/tree.json" ${TREE_ARGS[@]+"${TREE_ARGS[@]}"} \
+  | tee "$OUT/tree.txt"
 python -m collectives.tree --from-log tests/data/nccl_tests_319_2x8_h100_trees.log > "$OUT/replay-2x8-h100.txt" || true
 tail -1 "$OUT/replay-2x8-h100.txt"
 
 echo "== traced run (NCCLLAB_TRACE=$OUT/trace, NCCL_DEBUG=INFO)"
 NCCLLAB_TRACE="$OUT/trace" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING NCCL_DEBUG_FILE="$OUT/nccl-debug.%p.log" \
-  mpirun -n "$N" python -m collectives.ring -b 1M -e 1M -n 1 -w 0 -c 1 >/dev/null
+  mpirun -n "$N" python -m collectives.ring -b 1M -e 1M -n 1 -w 0 -c 1 ${TRACE_ARGS[@]+"${TRACE_ARGS[@]}"} >/dev/null
 cat "$OUT"/nccl-debug.*.log > "$OUT/nccl-debug.log" && rm -f "$OUT"/nccl-debug.*.log
 python -m tracing perfetto "$OUT/trace" -o "$OUT/trace.perfetto.json"
 python -m tracing csv "$OUT/trace" -o "$OUT/chunks.csv"
 
 echo "== traced tree AllReduce on 4 emulated nodes x 2 ranks (NCCLLAB_TRACE=$OUT/trace-4x2): NET between nodes"
-NCCLLAB_TRACE="$OUT/trace-4x2" python -m collectives.tree -g 8 --nodes 4 -b 1M -e 1M -n 1 -w 0 -c 0 >/dev/null
+NCCLLAB_TRACE="$OUT/trace-4x2" python -m collectives.tree -g 8 --nodes 4 -b 1M -e 1M -n 1 -w 0 -c 0 \
+  ${TRACE_TREE_ARGS[@]+"${TRACE_TREE_ARGS[@]}"} >/dev/null
 
 echo "== diagrams"
 python -m visualize topology "$OUT/trace-4x2" -o "$OUT/a-topology"     # 4 nodes: NET/Socket/0 between, SHM inside
