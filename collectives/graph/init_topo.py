@@ -1,0 +1,69 @@
+"""The topology steps of ``initTransportsRank`` (NCCL ``src/init.cc``) for one node whose ranks are the XML's GPUs.
+
+    ncclTopoGetSystem (load, fill, trim, fuse)   -> topo_xml.fused_xml, topo.system_from_xml
+    ncclTopoComputePaths; ncclTopoTrimSystem; ncclTopoComputePaths again
+    ncclTopoSearchInit; ncclTopoPrint
+    ncclTopoCompute + ncclTopoPrintGraph: RING (min 1, max 32 channels), then BALANCED_TREE (exactly the ring's
+    count), then NVLS when asked
+    ncclTopoPreset / ncclTopoPostset -> connect.postset
+
+Every rank runs the same search on the same fused system, so one search stands for all ranks (NCCL checks
+this across ranks with its AllGather3 min/max; so does the fixture harness).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .connect import Channels, postset
+from .paths import compute_paths, print_paths, search_init, trim_system
+from .search import BALANCED_TREE, NVLS, RING, Graph, print_graph, topo_compute
+from .topo import GPU, System, print_system, system_from_xml
+from .topo_xml import StandIns, fused_xml, load_xml
+
+
+@dataclass
+class TopoResult:
+    system: System
+    ring: Graph
+    tree: Graph
+    nvls: Graph | None
+    channels: Channels
+    log: list = field(default_factory=list)     # rank 0's INFO lines, in NCCL's order
+    stand_in_notes: list = field(default_factory=list)
+
+
+def run_topology(path: str, nranks: int | None = None, stand: StandIns = StandIns(), nvls: bool = False
+                 ) -> TopoResult:
+    """Run NCCL's topology steps on ``path``; ``nranks`` defaults to every GPU of the file."""
+    xml = load_xml(path)
+    from .topo_xml import gpu_pcis
+    nranks = nranks or len(gpu_pcis(xml))
+    notes: list[str] = []
+    log = [f"Loading topology file {path}", "Loading " + (f"topology {xml.attrs['name']}" if "name" in xml.attrs
+                                                          else "unnamed topology")]
+    fill_log: list[str] = []
+    fused = fused_xml(xml, nranks, stand, fill_log)
+    log += fill_log
+    system = system_from_xml(fused)
+    compute_paths(system)
+    trim_system(system, 0, nranks)
+    compute_paths(system)
+    search_init(system)
+    log += print_system(system) + print_paths(system)
+    ring = topo_compute(system, Graph(id=0, pattern=RING, min_channels=1, max_channels=32))
+    log += print_graph(system, ring)
+    tree = topo_compute(system, Graph(id=1, pattern=BALANCED_TREE, min_channels=ring.n_channels,
+                                      max_channels=ring.n_channels))
+    log += print_graph(system, tree)
+    nv = None
+    if nvls:
+        nv = topo_compute(system, Graph(id=3, pattern=NVLS, min_channels=1, max_channels=64))
+        log += print_graph(system, nv)
+    if any("assuming NVSwitch" in line for line in fill_log):
+        notes.append("stand-in: GPUs without <nvlink> got NVLinks to a hidden NVSwitch (NCCL asks NVML)")
+    if any("Filled" in line for line in fill_log):
+        notes.append("stand-in: every PCI node of class 0x02xxxx is one IB NIC with GPUDirect RDMA "
+                     "(NCCL asks the net plugin)")
+    if len(system.nodes[GPU]) != nranks:
+        raise RuntimeError(f"{len(system.nodes[GPU])} GPUs in the system for {nranks} ranks")
+    return TopoResult(system, ring, tree, nv, postset(ring, tree), log, notes)
