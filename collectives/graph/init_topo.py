@@ -18,7 +18,7 @@ from .connect import Channels, postset
 from .paths import compute_paths, print_paths, search_init, trim_system
 from .search import BALANCED_TREE, NVLS, RING, Graph, print_graph, topo_compute
 from .topo import GPU, System, print_system, system_from_xml
-from .topo_xml import StandIns, fused_xml, load_xml
+from .topo_xml import StandIns, fused_xml, gpu_pcis, load_xml
 
 
 @dataclass
@@ -28,37 +28,44 @@ class TopoResult:
     tree: Graph
     nvls: Graph | None
     channels: Channels
-    log: list = field(default_factory=list)     # rank 0's INFO lines, in NCCL's order
+    load_lines: list = field(default_factory=list)     # loading and stand-in lines
+    system_lines: list = field(default_factory=list)   # ncclTopoPrint's tree (=== System ... ===)
+    path_lines: list = field(default_factory=list)     # ncclTopoPrintPaths
+    graph_lines: list = field(default_factory=list)    # ncclTopoPrintGraph per graph searched
     stand_in_notes: list = field(default_factory=list)
+
+    @property
+    def log(self) -> list[str]:
+        """Rank 0's INFO lines of the search, in NCCL's order."""
+        return self.load_lines + self.system_lines + self.path_lines + self.graph_lines
 
 
 def run_topology(path: str, nranks: int | None = None, stand: StandIns = StandIns(), nvls: bool = False
                  ) -> TopoResult:
     """Run NCCL's topology steps on ``path``; ``nranks`` defaults to every GPU of the file."""
     xml = load_xml(path)
-    from .topo_xml import gpu_pcis
     nranks = nranks or len(gpu_pcis(xml))
     notes: list[str] = []
-    log = [f"Loading topology file {path}", "Loading " + (f"topology {xml.attrs['name']}" if "name" in xml.attrs
+    load = [f"Loading topology file {path}", "Loading " + (f"topology {xml.attrs['name']}" if "name" in xml.attrs
                                                           else "unnamed topology")]
     fill_log: list[str] = []
     fused = fused_xml(xml, nranks, stand, fill_log)
-    log += fill_log
+    load += fill_log
     system = system_from_xml(fused)
     compute_paths(system)
     trim_system(system, 0, nranks)
     compute_paths(system)
     search_init(system)
-    log += print_system(system) + print_paths(system)
+    graph_lines: list[str] = []
     ring = topo_compute(system, Graph(id=0, pattern=RING, min_channels=1, max_channels=32))
-    log += print_graph(system, ring)
+    graph_lines += print_graph(system, ring)
     tree = topo_compute(system, Graph(id=1, pattern=BALANCED_TREE, min_channels=ring.n_channels,
                                       max_channels=ring.n_channels))
-    log += print_graph(system, tree)
+    graph_lines += print_graph(system, tree)
     nv = None
     if nvls:
         nv = topo_compute(system, Graph(id=3, pattern=NVLS, min_channels=1, max_channels=64))
-        log += print_graph(system, nv)
+        graph_lines += print_graph(system, nv)
     if any("assuming NVSwitch" in line for line in fill_log):
         notes.append("stand-in: GPUs without <nvlink> got NVLinks to a hidden NVSwitch (NCCL asks NVML)")
     if any("Filled" in line for line in fill_log):
@@ -66,4 +73,5 @@ def run_topology(path: str, nranks: int | None = None, stand: StandIns = StandIn
                      "(NCCL asks the net plugin)")
     if len(system.nodes[GPU]) != nranks:
         raise RuntimeError(f"{len(system.nodes[GPU])} GPUs in the system for {nranks} ranks")
-    return TopoResult(system, ring, tree, nv, postset(ring, tree), log, notes)
+    return TopoResult(system, ring, tree, nv, postset(ring, tree), load, print_system(system), print_paths(system),
+                      graph_lines, notes)

@@ -15,6 +15,7 @@ not ported; ``Graph.inter`` keeps NCCL's layout so they can follow.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from .paths import gpu_min_max_path
@@ -324,7 +325,10 @@ def topo_compute(system: System, graph: Graph) -> Graph:
     gpus = system.nodes[GPU]
     cc_min = min(g.sm for g in gpus)
     ngpus, ndevs = len(gpus), len(system.nodes[DEV])
-    graph.cross_nic = 0
+    cross_env = int(os.environ.get("NCCL_CROSS_NIC", "2") or 2)
+    cross_nic = cross_env if len(system.nodes[NET]) > 1 and graph.pattern in (RING, BALANCED_TREE, SPLIT_TREE) \
+        else 0
+    graph.cross_nic = 1 if cross_nic == 1 else 0
     graph.bw_intra = graph.bw_inter = 0.0
     graph.latency_inter = 0.0
     min_intra, max_intra = (gpu_min_max_path(system, GPU) if ngpus > 1 else (PATH_LOC, PATH_SYS))
@@ -384,6 +388,11 @@ def topo_compute(system: System, graph: Graph) -> Graph:
                     if tmp.type_intra < PATH_DIS:
                         continue
                 tmp.type_intra = min_intra
+                # (typeInter is only widened across nodes)
+                if cross_nic == 2 and tmp.cross_nic == 0 and graph.pattern in (RING, BALANCED_TREE):
+                    tmp.cross_nic = 2
+                    continue
+                tmp.cross_nic = 1 if cross_nic == 1 else 0
                 if si < len(speeds) - 1 and (graph.n_channels == 0 or f32(speeds[si + 1] / graph.bw_inter) > .49):
                     si += 1
                     tmp.bw_inter = tmp.bw_intra = speeds[si]
