@@ -50,6 +50,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-r", "--root", type=int, default=0)
     p.add_argument("--coll", choices=sorted(COLLS), default="allreduce")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON records ('-' for stdout)")
+    p.add_argument("--topo", metavar="XML", help="one node's topology: run with the rings, tree chains, tree "
+                   "pattern and channel count NCCL's search finds on it (python -m collectives.topo)")
+    p.add_argument("--sm", type=int, help="with --topo: compute capability of GPUs the file leaves bare")
+    p.add_argument("--nvlinks", type=int, help="with --topo: NVLinks per GPU when the file has none")
 
 
 def sizes(args) -> list[int]:
@@ -264,6 +268,12 @@ def main(module: str, argv: Sequence[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=1,
                    help="without mpirun: split the ranks into this many nodes (per-rank NCCL_HOSTID)")
     args = p.parse_args(argv)
+    if args.topo:
+        from .graph.topo_feed import apply_topology
+        try:
+            apply_topology(args, argv, None if launched() else lambda line: print(line, file=sys.stderr))
+        except ValueError as e:   # TopoError is a ValueError
+            sys.exit(f"python -m {module}: {e}")
     if not launched():
         return spawn(args.nranks, ["-m", module, *argv], nodes=args.nodes)
     with Communicator() as comm:
