@@ -5,6 +5,8 @@
     trees    TRACE_DIR -o trees              the two trees of each channel (b)
     flow     TRACE_DIR -o flow [--seq S --channel C]   chunk flow of one collective (c)
     log      NCCL_LOG -o prefix              rings and trees from a real NCCL INFO log (d)
+    topo     TOPO.xml -o machine [--channel C --sm SM --nvlinks L --no-nics]   the machine as NCCL's topology
+                                             sees it, searched rings over it, one channel highlighted (e)
     sweep    -g N -b 8 -e 64M -o DIR         runs ours and MPI side by side under mpirun, then plots
 Diagrams are written as OUT.dot, OUT.png and OUT.svg.
 """
@@ -34,7 +36,7 @@ def _trees_from_meta(meta: dict):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m visualize", description=__doc__.split("\n")[0])
-    p.add_argument("kind", choices=["curves", "topology", "trees", "flow", "log", "sweep"])
+    p.add_argument("kind", choices=["curves", "topology", "trees", "flow", "log", "sweep", "topo"])
     p.add_argument("inputs", nargs="*")
     p.add_argument("-o", "--out", required=True)
     p.add_argument("--title", default="")
@@ -43,7 +45,12 @@ def main(argv=None) -> int:
     p.add_argument("-g", "--nranks", type=int, default=2)
     p.add_argument("-b", default="8")
     p.add_argument("-e", default="64M")
+    p.add_argument("--sm", type=int, help="topo: compute capability of GPUs the file leaves bare")
+    p.add_argument("--nvlinks", type=int, help="topo: NVLinks per GPU when the file has none")
+    p.add_argument("--no-nics", action="store_true", help="topo: no net plugin devices")
     a = p.parse_args(argv)
+    if a.kind == "topo":
+        return _topo(a)
     if a.kind == "curves":
         print(curves.plot(a.inputs, a.out, a.title))
     elif a.kind in ("topology", "trees", "flow"):
@@ -79,6 +86,21 @@ def main(argv=None) -> int:
         subprocess.run([mpirun, "-n", str(a.nranks), sys.executable, bench, "-b", a.b, "-e", a.e, "-f", "2",
                         "--json", os.path.join(a.out, "bench.json")], check=True)
         print(curves.plot([os.path.join(a.out, "bench.json")], os.path.join(a.out, "curve.png"), a.title))
+    return 0
+
+
+def _topo(a) -> int:
+    from collectives.graph.init_topo import run_topology
+    from collectives.graph.topo_xml import StandIns
+
+    from . import machine
+    if len(a.inputs) != 1:
+        sys.exit("python -m visualize topo: give one topology XML")
+    try:
+        r = run_topology(a.inputs[0], stand=StandIns(sm=a.sm, nvlinks=a.nvlinks, nics=not a.no_nics))
+    except ValueError as e:   # TopoError
+        sys.exit(f"python -m visualize topo: {e}")
+    print("\n".join(diagrams.render(machine.machine(r, a.channel, a.title), a.out)))
     return 0
 
 

@@ -180,11 +180,13 @@ def fill_gpu(pci: XmlNode, rank: int, stand: StandIns, log: list[str]) -> XmlNod
 
 
 def fill_nics(system: XmlNode, stand: StandIns, log: list[str]) -> None:
-    """``ncclTopoPopulateNics`` with the stand-in plugin: one IB device per NIC PCI node, in file order."""
+    """``ncclTopoPopulateNics`` with the stand-in plugin: one IB device per NIC PCI node, numbered in PCI bus
+    order (as mlx5_N follows PCI enumeration)."""
     if not stand.nics:
         return
     n = 0
-    for pci in [p for p in system.walk() if _is_nic_pci(p)]:
+    pcis = [p for p in system.walk() if _is_nic_pci(p)]
+    for pci in sorted(pcis, key=lambda p: bus_id_to_int(p.attr_str("busid"), p)):
         nic = pci.sub("nic") or pci.add("nic")
         nets = [s for s in nic.subs if s.name == "net"] or [nic.add("net", name=f"mlx5_{n}")]
         for net in nets:
