@@ -76,9 +76,18 @@ def _roundf(x: float) -> float:
     return math.copysign(math.floor(abs(x) + 0.5), x)
 
 
+_SUB_CACHE: dict = {}
+
+
 def _sub_round(a: float, b: float) -> float:
-    """``SUB_ROUND``: a - b kept to three decimals, in float."""
-    return f32(_roundf(f32(f32(a - b) * 1000)) / 1000)
+    """``SUB_ROUND``: a - b kept to three decimals, in float (memoised: the search repeats the same few pairs)."""
+    key = (a, b)
+    out = _SUB_CACHE.get(key)
+    if out is None:
+        if len(_SUB_CACHE) > 1 << 20:
+            _SUB_CACHE.clear()
+        out = _SUB_CACHE[key] = f32(_roundf(f32(f32(a - b) * 1000)) / 1000)
+    return out
 
 
 class Search:
@@ -92,11 +101,12 @@ class Search:
     def _follow(self, path, start, max_steps: int, bw: float) -> int:
         """``followPath``: subtract ``bw`` along the first ``max_steps`` links; return how many fitted."""
         pci_bw = bw
-        for link in path.links:
-            node = link.rem
-            if node.type == CPU and path.type == PATH_PHB and start.type == GPU and node.arch == ARCH_X86 \
-                    and node.vendor == VENDOR_INTEL:
-                pci_bw = f32(f32(bw * 6) / 5)
+        intel = getattr(path, "via_intel_cpu", None)
+        if intel is None:   # the path crosses an Intel x86 CPU (cached on the path)
+            intel = path.via_intel_cpu = any(lk.rem.type == CPU and lk.rem.arch == ARCH_X86 and
+                                             lk.rem.vendor == VENDOR_INTEL for lk in path.links)
+        if intel and path.type == PATH_PHB and start.type == GPU:
+            pci_bw = f32(f32(bw * 6) / 5)   # INTEL_P2P_OVERHEAD: GPU P2P through an Intel CPU costs 6/5
         node = start
         for step in range(max_steps):
             link = path.links[step]
@@ -135,12 +145,13 @@ class Search:
             return None
         if mult == 1 and graph.pattern in (BALANCED_TREE, TREE, SPLIT_TREE) and rev_path.type > type_:
             return None
-        bw = f32(bw * mult)
-        step = self._follow(path, node1, path.count, bw)
-        if step < path.count:
+        bw = bw * mult if mult in (1, -1, 2, -2) else f32(bw * mult)   # exact for +-1, +-2
+        count = len(path.links)
+        step = self._follow(path, node1, count, bw)
+        if step < count:
             self._follow(path, node1, step, -bw)
             return None
-        graph.n_hops += int(mult * path.count)
+        graph.n_hops += int(mult * count)
         return target
 
     # --- GPU order -------------------------------------------------------------------------------------------
