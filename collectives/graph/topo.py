@@ -4,7 +4,7 @@
 Bandwidths are C ``float`` in NCCL and the search compares them after subtracting; every stored bandwidth here is
 rounded to float32 (``f32``) so that the same comparisons come out the same.  Node ids print as NCCL's
 ``TYPE/system-localid``.  Not ported: MLOPart split GPUs (a GPU has exactly one DEV), C2C bridges (CXB), GIN/RMA
-devices, multi-host systems; BCM switch flattening is ported.
+devices, multi-host systems; BCM switch flattening and C2C links are ported.
 """
 from __future__ import annotations
 
@@ -301,6 +301,23 @@ def _add_nvlinks(xml: XmlNode, system: System, bus_text: str | None = None) -> N
         _add_nvlinks(sub, system, bus)
 
 
+def _add_c2c(xml: XmlNode, system: System, bus_text: str | None = None) -> None:
+    """``ncclTopoAddC2c``: a Grace-Hopper style chip-to-chip link between a GPU and its CPU (count x bw MB/s)."""
+    if xml.name == "c2c":
+        dev = system.get(DEV, bus_id_to_int(bus_text or "", xml.parent))
+        if dev is None:
+            raise TopoError(f"{xml.where()}: C2C link of a GPU that is not in the system")
+        bw = f32(xml.attr_int("bw") * xml.attr_int("count") / 1000.0)
+        cpu = find_local_cpu(dev)
+        if cpu is not None:
+            connect(dev, cpu, LINK_C2C, bw)
+            connect(cpu, dev, LINK_C2C, bw)
+        return
+    bus = xml.attrs.get("busid", bus_text)
+    for sub in xml.subs:
+        _add_c2c(sub, system, bus)
+
+
 def _add_pci_links(xml: XmlNode, system: System, bus_text: str | None = None) -> None:
     """``ncclTopoAddPciLinks``: explicit ``<pcilink>`` between switches (LOC bandwidth)."""
     if xml.name == "pcilink":
@@ -379,6 +396,7 @@ def system_from_xml(xml: XmlNode) -> System:
         if sub.name == "cpu":
             _add_cpu(sub, system)
     _add_nvlinks(xml, system)
+    _add_c2c(xml, system)
     _add_pci_links(xml, system)
     flatten_bcm_switches(system)
     for a in system.nodes[CPU]:
