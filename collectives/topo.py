@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-nics", action="store_true", help="no net plugin devices (NICs are trimmed)")
     p.add_argument("--nvls", action="store_true", help="also search the NVLS graph")
     p.add_argument("--brief", action="store_true", help="only System, Pattern, channel, Channel and Trees lines")
+    p.add_argument("--explain", action="store_true", help="also print every search attempt (# search: lines)")
     p.add_argument("--dump-xml", metavar="FILE", help="write the fused XML NCCL would dump (NCCL_TOPO_DUMP_FILE)")
     a = p.parse_args(argv)
     stand = StandIns(sm=a.sm, nvlinks=a.nvlinks, nics=not a.no_nics)
@@ -78,6 +79,9 @@ def main(argv=None) -> int:
         return 2
     for line in render(r, a.brief):
         print(line)
+    if a.explain:
+        for line in r.search_trace:
+            print(f"# search: {line}")
     return 0
 
 

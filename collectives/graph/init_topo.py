@@ -33,6 +33,7 @@ class TopoResult:
     path_lines: list = field(default_factory=list)     # ncclTopoPrintPaths
     graph_lines: list = field(default_factory=list)    # ncclTopoPrintGraph per graph searched
     stand_in_notes: list = field(default_factory=list)
+    search_trace: list = field(default_factory=list)   # every search attempt (ours, see search.topo_compute)
 
     @property
     def log(self) -> list[str]:
@@ -57,14 +58,15 @@ def run_topology(path: str, nranks: int | None = None, stand: StandIns = StandIn
     compute_paths(system)
     search_init(system)
     graph_lines: list[str] = []
-    ring = topo_compute(system, Graph(id=0, pattern=RING, min_channels=1, max_channels=32))
+    trace: list[str] = []
+    ring = topo_compute(system, Graph(id=0, pattern=RING, min_channels=1, max_channels=32), trace)
     graph_lines += print_graph(system, ring)
     tree = topo_compute(system, Graph(id=1, pattern=BALANCED_TREE, min_channels=ring.n_channels,
-                                      max_channels=ring.n_channels))
+                                      max_channels=ring.n_channels), trace)
     graph_lines += print_graph(system, tree)
     nv = None
     if nvls:
-        nv = topo_compute(system, Graph(id=3, pattern=NVLS, min_channels=1, max_channels=64))
+        nv = topo_compute(system, Graph(id=3, pattern=NVLS, min_channels=1, max_channels=64), trace)
         graph_lines += print_graph(system, nv)
     if any("assuming NVSwitch" in line for line in fill_log):
         notes.append("stand-in: GPUs without <nvlink> got NVLinks to a hidden NVSwitch (NCCL asks NVML)")
@@ -74,4 +76,4 @@ def run_topology(path: str, nranks: int | None = None, stand: StandIns = StandIn
     if len(system.nodes[GPU]) != nranks:
         raise RuntimeError(f"{len(system.nodes[GPU])} GPUs in the system for {nranks} ranks")
     return TopoResult(system, ring, tree, nv, postset(ring, tree), load, print_system(system), print_paths(system),
-                      graph_lines, notes)
+                      graph_lines, notes, trace)

@@ -331,8 +331,9 @@ def dup_channels(graph: Graph, cc_min: int) -> None:
     graph.n_channels = dup
 
 
-def topo_compute(system: System, graph: Graph) -> Graph:
-    """``ncclTopoCompute``: fill ``graph`` (pattern, channels, bandwidths, types) for one node."""
+def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Graph:
+    """``ncclTopoCompute``: fill ``graph`` (pattern, channels, bandwidths, types) for one node.  ``trace`` collects
+    one line per search attempt (NCCL's compiled-out debug printf in ncclTopoCompute, with type names)."""
     gpus = system.nodes[GPU]
     cc_min = min(g.sm for g in gpus)
     ngpus, ndevs = len(gpus), len(system.nodes[DEV])
@@ -379,6 +380,12 @@ def topo_compute(system: System, graph: Graph) -> Graph:
         global_timeout -= search.time
         search.rec(tmp, graph)
         time = search.time
+        if trace is not None:
+            trace.append(f"Id {tmp.id} Pattern {tmp.pattern}, crossNic {tmp.cross_nic}, Bw {tmp.bw_inter:g}/"
+                         f"{tmp.bw_intra:g}, type {PATH_TYPES[tmp.type_inter]}/{PATH_TYPES[tmp.type_intra]}, "
+                         f"channels {tmp.min_channels}-{tmp.max_channels} sameChannels {tmp.same_channels} -> "
+                         f"nChannels {graph.n_channels}x{graph.bw_inter:g}/{graph.bw_intra:g} "
+                         f"{'TIMEOUT' if time == 0 else 'PERFECT' if time == -1 else ''}".rstrip())
         goto_done = time == -1 or f32(graph.n_channels * graph.bw_inter) >= system.total_bw
         if not goto_done and pass_ == 1:
             if tmp.same_channels == 1 and not (cpu.arch == ARCH_X86 and cpu.vendor == VENDOR_AMD
@@ -415,7 +422,10 @@ def topo_compute(system: System, graph: Graph) -> Graph:
         # done:
         if pass_ == 1:
             time = -1
+            before = (graph.n_channels, graph.bw_intra)
             dup_channels(graph, cc_min)
+            if trace is not None and before != (graph.n_channels, graph.bw_intra):
+                trace.append(f"Dup: {before[0]} x {before[1]:g} -> {graph.n_channels} x {graph.bw_intra:g}")
             tmp = graph.copy()
             si = 0
             while speeds[si] > graph.bw_inter and si < len(speeds) - 1:
