@@ -228,3 +228,12 @@ def test_cli_bad_input_is_one_line_and_nonzero(tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "link_width" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_trees_line_fills_ncclS_1024_byte_buffer():
+    """initTransportsRank writes the entries into char line[1024] (1022 characters at most) after 'Trees'."""
+    from collectives.graph.trees import connect_trees, trees_log_line
+    t0, t1 = connect_trees([list(range(16))], "BALANCED_TREE")
+    line = trees_log_line(5, [t0, t1] * 32)
+    assert line.startswith("Trees [0] 6/-1/-1->5->4 [1] 6/-1/-1->5->4") and len(line) == len("Trees") + 1022
+    assert trees_log_line(5, [t0]) == "Trees [0] 6/-1/-1->5->4"

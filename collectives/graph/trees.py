@@ -129,10 +129,11 @@ def channel_trees(rings: list[list[int]], node_of_rank: list[int], pattern: str 
 
 
 def trees_log_line(rank: int, trees: list[dict]) -> str:
-    """``Trees [c] d0/d1/d2->rank->up`` for every channel, as NCCL's INIT log prints it (cut at 1023 chars)."""
+    """``Trees [c] d0/d1/d2->rank->up`` for every channel, as NCCL's INIT log prints it: the entries are
+    written into a 1024-byte buffer (at most 1022 characters) and printed after ``Trees``."""
     parts = []
     for c, tree in enumerate(trees):
         node = tree[rank]
         d = list(node.down) + [-1] * (3 - len(node.down))
-        parts.append(f"[{c}] {d[0]}/{d[1]}/{d[2]}->{rank}->{node.up}")
-    return ("Trees " + " ".join(parts))[:1023]
+        parts.append(f" [{c}] {d[0]}/{d[1]}/{d[2]}->{rank}->{node.up}")
+    return "Trees" + "".join(parts)[:1022]
