@@ -11,7 +11,7 @@ from __future__ import annotations
 import graphviz
 
 from collectives.graph.init_topo import TopoResult
-from collectives.graph.topo import CPU, DEV, GPU, LINK_LOC, LINK_TYPES, NET, NIC, NVS, PCI
+from collectives.graph.topo import CPU, DEV, GPU, LINK_LOC, LINK_PCI, LINK_TYPES, NET, NIC, NVS, PCI
 
 from .diagrams import _color
 
@@ -45,7 +45,7 @@ def _cpu_of(node, seen=None):
         return node
     seen.add(id(node))
     for lk in node.links:
-        if lk.type == 4 and id(lk.rem) not in seen and lk.rem.type in (PCI, CPU, DEV, NIC):
+        if lk.type == LINK_PCI and id(lk.rem) not in seen and lk.rem.type in (PCI, CPU, DEV, NIC):
             cpu = _cpu_of(lk.rem, seen)
             if cpu is not None:
                 return cpu

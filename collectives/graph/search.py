@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from .paths import gpu_min_max_path
 from .topo import (ARCH_POWER, ARCH_X86, CPU, DEV, GPU, LINK_NVL, LINK_PCI, NET, NVS, PATH_DIS, PATH_LOC,
-                   PATH_NVB, PATH_PHB, PATH_PIX, PATH_SYS, PATH_TYPES, VENDOR_AMD, VENDOR_INTEL, System, f32)
+                   PATH_PHB, PATH_PIX, PATH_SYS, PATH_TYPES, VENDOR_AMD, VENDOR_INTEL, System, f32)
 
 BALANCED_TREE, SPLIT_TREE, TREE, RING, NVLS, COLLNET_DIRECT = 1, 2, 3, 4, 5, 6
 PATTERN_NAMES = {1: "BALANCED_TREE", 2: "SPLIT_TREE", 3: "TREE", 4: "RING", 5: "NVLS", 6: "COLLNET_DIRECT"}
@@ -59,7 +59,7 @@ class Graph:
     same_channels: int = 0
     n_hops: int = 0
     coll_net: int = 0
-    intra: list = field(default_factory=lambda: [[-1] * 0 for _ in range(MAXCHANNELS)])
+    intra: list = field(default_factory=lambda: [[] for _ in range(MAXCHANNELS)])
     inter: list = field(default_factory=lambda: [[-1, -1] for _ in range(MAXCHANNELS)])
 
     def copy(self) -> "Graph":
@@ -487,6 +487,3 @@ def print_graph(system: System, graph: Graph) -> list[str]:
         out.append(line)
     return out
 
-
-__all__ = ["Graph", "topo_compute", "print_graph", "dup_channels", "speed_array", "BALANCED_TREE", "SPLIT_TREE",
-           "TREE", "RING", "NVLS", "PATTERN_NAMES", "PATH_NVB", "PATH_SYS"]
