@@ -139,9 +139,12 @@ def connect(node: Node, rem: Node, type_: int, bw: float) -> None:
 
 PCI_CLASS = (("0x060400", PCI), ("0x080100", PCI), ("0x068000", NVS), ("0x068001", CPU), ("0x03", GPU),
              ("0x02", NIC))
-PCI_GEN = (("2.5 GT/s PCIe", 15), ("5.0 GT/s PCIe", 30), ("8.0 GT/s PCIe", 60), ("16.0 GT/s PCIe", 120),
-           ("32.0 GT/s PCIe", 240), ("64.0 GT/s PCIe", 480), ("2.5 GT/s", 15), ("5 GT/s", 30), ("8 GT/s", 60),
-           ("16 GT/s", 120), ("32 GT/s", 240))
+PCI_GEN = (("2.5 GT/s", 15), ("5 GT/s", 30), ("8 GT/s", 60), ("16 GT/s", 120), ("32 GT/s", 240),
+           ("2.5 GT/s PCIe", 15), ("5.0 GT/s PCIe", 30), ("8.0 GT/s PCIe", 60), ("16.0 GT/s PCIe", 120),
+           ("32.0 GT/s PCIe", 240), ("64.0 GT/s PCIe", 480))   # x100 Mb/s per lane; unknown: 60
+CPU_ARCH = (("x86_64", ARCH_X86), ("arm64", ARCH_ARM), ("ppc64", ARCH_POWER))
+CPU_VENDOR = (("GenuineIntel", VENDOR_INTEL), ("AuthenticAMD", VENDOR_AMD), ("CentaurHauls", VENDOR_ZHAOXIN),
+              ("  Shanghai  ", VENDOR_ZHAOXIN))
 
 
 def _kv(text: str, table, default: int) -> int:
@@ -237,12 +240,9 @@ def _add_cpu(xcpu: XmlNode, system: System) -> None:
     """``ncclTopoAddCpu``: arch, vendor and Intel model decide the inter-socket bandwidth later."""
     numa = xcpu.attr_int("numaid")
     cpu = system.create(CPU, numa)
-    arch = xcpu.attr_str("arch")
-    cpu.arch = {"x86_64": ARCH_X86, "arm64": ARCH_ARM, "ppc64": ARCH_POWER}.get(arch, 0)
+    cpu.arch = _kv(xcpu.attr_str("arch"), CPU_ARCH, 0)
     if cpu.arch == ARCH_X86:
-        vendor = xcpu.attr_str("vendor")
-        cpu.vendor = {"GenuineIntel": VENDOR_INTEL, "AuthenticAMD": VENDOR_AMD, "CentaurHauls": VENDOR_ZHAOXIN,
-                      "  Shanghai  ": VENDOR_ZHAOXIN}.get(vendor, 0)
+        cpu.vendor = _kv(xcpu.attr_str("vendor"), CPU_VENDOR, 0)
         if cpu.vendor in (VENDOR_INTEL, VENDOR_ZHAOXIN):
             family, model = xcpu.attr_int("familyid"), xcpu.attr_int("modelid")
             if cpu.vendor == VENDOR_INTEL:
