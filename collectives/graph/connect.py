@@ -5,7 +5,8 @@ the log lines of ``initTransportsRank`` in ``src/init.cc``).
 Channel c < n (n = min(ring, tree) search channels) takes ring graph channel c and tree graph channel c with tree
 0; Postset doubles to 2n, channel c + n repeating ring c with tree 1.  ``NCCL_MAX_NCHANNELS`` then clamps and
 ``NCCL_MIN_NCHANNELS`` copies channels (``copyChannels``).  The Hopper and unpack doublings apply to several nodes
-only.  Trees come from ``trees.connect_trees`` with the tree graph's chains and pattern.
+only.  ``NCCL_MAX_CTAS`` / ``NCCL_MIN_CTAS`` (``comm->config.maxCTAs/minCTAs``) bound the same way.  Trees come from
+``trees.connect_trees`` with the tree graph's chains and pattern.
 """
 from __future__ import annotations
 
@@ -51,7 +52,12 @@ def postset(ring: Graph, tree: Graph) -> Channels:
     rings, chains, tree_of = rings[:total], chains[:total], tree_of[:total]
     max_ch = min(max(1, _env_int("NCCL_MAX_NCHANNELS", _env_int("NCCL_MAX_NRINGS", MAXCHANNELS))), MAXCHANNELS)
     min_ch = max(0, min(_env_int("NCCL_MIN_NCHANNELS", _env_int("NCCL_MIN_NRINGS", 0)), MAXCHANNELS))
-    total = min(max_ch, total)
+    max_ctas = _env_int("NCCL_MAX_CTAS", MAXCHANNELS)          # comm->config.maxCTAs / minCTAs
+    min_ctas = _env_int("NCCL_MIN_CTAS", 1)
+    max_ctas = min(max_ctas if max_ctas > 0 else MAXCHANNELS, MAXCHANNELS)
+    min_ctas = min(min_ctas if min_ctas > 0 else 1, MAXCHANNELS, max_ctas)
+    min_ch = max(min_ch, min_ctas)
+    total = min(max_ch, total, max_ctas)
     rings, chains, tree_of = rings[:total], chains[:total], tree_of[:total]
     start = total
     for c in range(start, max(min_ch, start)):   # copyChannels(start, end)
