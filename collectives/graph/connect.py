@@ -36,6 +36,7 @@ class Channels:
     tree_of: list        # per channel: 0 or 1 (which of the double binary trees)
     search_channels: int
     tree_pattern: str
+    search_chains: list = None   # the tree graph's first n chains, before Postset (connectTrees prints these)
 
     @property
     def n(self) -> int:
@@ -65,7 +66,7 @@ def postset(ring: Graph, tree: Graph) -> Channels:
         chains.append(chains[c - start])
         tree_of.append(tree_of[c - start])
     pattern = PATTERN_NAMES[tree.pattern if tree.pattern in (BALANCED_TREE, SPLIT_TREE, TREE) else TREE]
-    return Channels(rings, chains, tree_of, n, pattern)
+    return Channels(rings, chains, tree_of, n, pattern, [list(tree.intra[c]) for c in range(n)])
 
 
 def channel_trees(ch: Channels) -> list[dict]:
@@ -82,13 +83,14 @@ def _attach_ranks(chain: list[int], pattern: str) -> set:
 
 def tree_lines(ch: Channels, rank: int) -> list[str]:
     """``connectTrees``' ``Tree c : up -> rank -> down`` lines, printed by the ranks a node attaches through."""
-    trees = channel_trees(ch)
     out = []
     n = ch.search_channels
     for c in range(n):
-        if rank in _attach_ranks(ch.chains[c], ch.tree_pattern):
-            for cc in (c, c + n):
-                node = trees[cc][rank]
+        chain = ch.search_chains[c]
+        if rank in _attach_ranks(chain, ch.tree_pattern):
+            pair = connect_trees([chain], ch.tree_pattern)   # channel c: tree 0; its Postset copy c + n: tree 1
+            for cc, tree in ((c, pair[0]), (c + n, pair[1])):
+                node = tree[rank]
                 d = list(node.down) + [-1] * (3 - len(node.down))
                 out.append(f"Tree {cc} : {node.up} -> {rank} -> {d[0]}/{d[1]}/{d[2]}")
     return out
