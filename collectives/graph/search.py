@@ -18,7 +18,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from .paths import gpu_min_max_path
+from .paths import gpu_min_max_path, local_net
 from .topo import (ARCH_POWER, ARCH_X86, CPU, DEV, GPU, LINK_NVL, LINK_PCI, NET, NVS, PATH_DIS, PATH_LOC,
                    PATH_PHB, PATH_PIX, PATH_SYS, PATH_TYPES, VENDOR_AMD, VENDOR_INTEL, System, f32)
 
@@ -450,12 +450,18 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
                     continue
         break
     if graph.n_channels == 0 and graph.coll_net == 0 and graph.pattern != NVLS:
+        # "Could not find a path for pattern %d, falling back to simple order": PCI order, 0.1 GB/s
         graph.intra[0] = [g.rank for g in gpus]
         graph.bw_intra = f32(0.1)
         graph.type_intra = PATH_SYS
-        graph.inter[0] = [-1, -1]
-        graph.bw_inter = 0.0
-        graph.type_inter = PATH_DIS
+        if system.nodes[NET]:   # ncclTopoSelectNets(-1, gpu 0 / last gpu): their first local NIC each
+            first = system.nodes[NET][local_net(system, gpus[0].rank, 0)].id
+            last = system.nodes[NET][local_net(system, gpus[-1].rank, 0)].id
+            graph.inter[0] = [first, last]
+            graph.bw_inter, graph.type_inter = f32(0.1), PATH_SYS
+        else:
+            graph.inter[0] = [-1, -1]
+            graph.bw_inter, graph.type_inter = 0.0, PATH_DIS
         graph.n_channels = 1
     return graph
 
