@@ -77,11 +77,14 @@ def main(argv=None) -> int:
     except (TopoError, NotImplementedError, ValueError) as e:
         print(f"python -m collectives.topo: {e}", file=sys.stderr)
         return 2
-    for line in render(r, a.brief):
-        print(line)
-    if a.explain:
-        for line in r.search_trace:
-            print(f"# search: {line}")
+    try:
+        for line in render(r, a.brief):
+            print(line)
+        if a.explain:
+            for line in r.search_trace:
+                print(f"# search: {line}")
+    except BrokenPipeError:          # e.g. piped into head
+        sys.stderr.close()
     return 0
 
 

@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 
 from .connect import Channels, postset
 from .paths import compute_paths, print_paths, search_init, trim_system
-from .search import BALANCED_TREE, NVLS, RING, Graph, print_graph, topo_compute
+from .search import BALANCED_TREE, NVLS, RING, Graph, topo_compute
+from .search import print_graph as _print_graph
+
+
+def print_graph(system: System, graph: Graph) -> list[str]:
+    """``ncclTopoPrintGraph``, preceded by ``ncclTopoCompute``'s fallback line when the search found nothing."""
+    head = [f"Could not find a path for pattern {graph.pattern}, falling back to simple order"] if graph.fallback \
+        else []
+    return head + _print_graph(system, graph)
 from .topo import GPU, System, print_system, system_from_xml
 from .topo_xml import StandIns, fused_xml, gpu_pcis, load_xml
 

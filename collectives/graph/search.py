@@ -59,6 +59,7 @@ class Graph:
     same_channels: int = 0
     n_hops: int = 0
     coll_net: int = 0
+    fallback: bool = False       # the search found nothing: NCCL's "falling back to simple order"
     intra: list = field(default_factory=lambda: [[] for _ in range(MAXCHANNELS)])
     inter: list = field(default_factory=lambda: [[-1, -1] for _ in range(MAXCHANNELS)])
 
@@ -451,6 +452,7 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
         break
     if graph.n_channels == 0 and graph.coll_net == 0 and graph.pattern != NVLS:
         # "Could not find a path for pattern %d, falling back to simple order": PCI order, 0.1 GB/s
+        graph.fallback = True
         graph.intra[0] = [g.rank for g in gpus]
         graph.bw_intra = f32(0.1)
         graph.type_intra = PATH_SYS
