@@ -63,6 +63,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--coll", choices=sorted(COLLS), default="allreduce", help="the collective to run")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON records ('-': to stdout, and the "
                                                   "table to stderr)")
+    p.add_argument("--topo", metavar="XML", help="one node's topology: run with the rings, tree chains, tree "
+                   "pattern and channel count NCCL's search finds on it (python -m collectives.topo)")
+    p.add_argument("--sm", type=int, help="with --topo: compute capability of GPUs the file leaves bare")
+    p.add_argument("--nvlinks", type=int, help="with --topo: NVLinks per GPU when the file has none")
 
 
 def sizes(args) -> list[int]:
@@ -338,6 +342,12 @@ def main(module: str, argv: Sequence[str] | None = None) -> int:
     from .launch import emulated_node, job_size, launched, spawn
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(module).parse_args(argv)
+    if args.topo:  # the searched rings, chains and pattern go to every rank through the environment
+        from .graph.topo_feed import apply_topology
+        try:
+            apply_topology(args, argv, None if launched() else lambda line: print(line, file=sys.stderr))
+        except ValueError as e:   # TopoError is a ValueError
+            return _usage(module, str(e))
     size = job_size()
     if size is not None and args.nranks is not None and args.nranks != size:
         return _usage(module, f"-g {args.nranks} but this job has {size} ranks (mpirun -n {size}): drop -g or "

@@ -3,6 +3,7 @@
     python -m collectives.tune --preset dgx-h100 -b 8 -e 1G -f 4
     python -m collectives.tune --nodes 2 --gpus 8 --cc 90 --intra NVL --ring-channels 12 --ring-bw 30 -b 1G -e 1G
     python -m collectives.tune --preset dgx-a100 --coll allgather --json rows.json --series h100.json
+    python -m collectives.tune --topo topologies/azure-ndv5-topo.xml --sm 90 -b 8 -e 1G -f 4
 
 For every size it prints the predicted time and bus bandwidth of each (algorithm, protocol), marks the winner
 (``topoGetAlgoInfo``'s strict minimum) and says which term decides: the latency or the bandwidth, and by how
@@ -21,6 +22,15 @@ from .perf import BUS_FACTOR, COLLS, parse_size, sizes
 
 
 def machine_from_args(a) -> Machine:
+    if a.topo:
+        from .graph.init_topo import run_topology
+        from .graph.topo_feed import machine
+        from .graph.topo_xml import StandIns, TopoError
+        if (a.nodes or 1) > 1 or a.preset:
+            raise TopoError("--topo describes one node by itself (no --preset; the multi-node search is not ported)")
+        r = run_topology(a.topo, a.gpus, StandIns(sm=a.sm, nvlinks=a.nvlinks))
+        return machine(r, f"topology {a.topo}", {"graph": f"NCCL's search over {a.topo} (python -m collectives.topo "
+                                                        f"{a.topo}{f' --sm {a.sm}' if a.sm else ''})"})
     if a.preset:
         m = preset(a.preset, nodes=a.nodes or 1, nranks=a.gpus or 8)
         if a.gpus and a.preset != "cpu":
@@ -65,6 +75,9 @@ def predict(model: CostModel, func: str, nbytes: int) -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.tune", description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS))
+    p.add_argument("--topo", metavar="XML", help="take the graphs from NCCL's search over this one-node topology")
+    p.add_argument("--sm", type=int, help="with --topo: compute capability of GPUs the file leaves bare")
+    p.add_argument("--nvlinks", type=int, help="with --topo: NVLinks per GPU when the file has none")
     p.add_argument("--nodes", type=int)
     p.add_argument("--gpus", type=int, help="GPUs (ranks) per node")
     p.add_argument("--cc", type=int, default=90, help="minimum compute capability, e.g. 80, 90, 100")
@@ -87,7 +100,11 @@ def main(argv=None) -> int:
     p.add_argument("--json", metavar="FILE", help="rows as JSON ('-' for stdout)")
     p.add_argument("--series", metavar="FILE", help="the chosen (algo, proto)'s predicted busbw per size, JSON")
     a = p.parse_args(argv)
-    machine = machine_from_args(a)
+    try:
+        machine = machine_from_args(a)
+    except ValueError as e:   # TopoError is a ValueError; bad presets too
+        print(f"python -m collectives.tune: {e}", file=sys.stderr)
+        return 2
     model = CostModel(machine, a.proto, a.algo)
     func = COLLS[a.coll]
     out = sys.stdout if a.json != "-" else sys.stderr

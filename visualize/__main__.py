@@ -23,6 +23,8 @@ KINDS = {
     "curves": "algbw and busbw against size: runner --json rows, nccl-tests output, MPI and cost-model series",
     "ibseq": "the message sequence of one NET/IB transfer (receiver posts CTS, sender writes, WRITE_WITH_IMM, "
              "completion), from the trace of an NCCL_NET=IB run",
+    "topo": "the machine as NCCL's topology sees it (CPUs, PCIe switches, GPUs, NICs, NVSwitches, link types and "
+            "bandwidths) with the searched rings over it, from a topology XML (NCCL_TOPO_DUMP_FILE)",
     "sweep": "runs our AllReduce and MPI's side by side under mpirun, then plots them",
 }
 
@@ -53,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--channel", type=int, default=0, help="which channel, 0..nchannels-1 (default 0)")
     q = kind("ibseq", trace, "output path without extension: OUT.dot, OUT.png, OUT.svg")
     q.add_argument("--slot", type=int, default=0, help="which FIFO slot's transfer, 0..7 (default 0)")
+    q = kind("topo", ("TOPO_XML", "a topology XML as NCCL_TOPO_DUMP_FILE writes it, or a bare one with --sm"),
+             "output path without extension: OUT.dot, OUT.png, OUT.svg")
+    q.add_argument("--channel", type=int, default=0, help="the searched channel to highlight (default 0)")
+    q.add_argument("--sm", type=int, help="compute capability of GPUs the file leaves bare (default: none)")
+    q.add_argument("--nvlinks", type=int, help="NVLinks per GPU when the file has none (default: NCCL's maximum)")
+    q.add_argument("--no-nics", action="store_true", help="no net plugin devices (default: PCI class 0x02 = IB NIC)")
     q = kind("log", ("NCCL_LOG", "a real NCCL_DEBUG=INFO log (ranks interleaved, any prefixes)"),
              "output prefix: PREFIX-rings.* and PREFIX-trees.*")
     q.add_argument("--max-channels", type=int, default=8, help="rings of at most this many channels (default 8)")
@@ -112,6 +120,13 @@ def _run(a) -> list[str]:
         _, events = export.load_all(a.inputs)
         recv, send = ib_sequence.pick(events, None, a.slot)
         return diagrams.render(ib_sequence.ib_sequence(recv, send, a.title), a.out)
+    if a.kind == "topo":
+        from collectives.graph.init_topo import run_topology
+        from collectives.graph.topo_xml import StandIns
+
+        from . import machine
+        r = run_topology(a.inputs, stand=StandIns(sm=a.sm, nvlinks=a.nvlinks, nics=not a.no_nics))
+        return diagrams.render(machine.machine(r, a.channel, a.title), a.out)
     if a.kind == "log":
         from . import explain
         facts, _ = explain.read_log(a.inputs)

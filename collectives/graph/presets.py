@@ -3,10 +3,45 @@
 ``graph bandwidth x channels`` is what NCCL's search (``ncclTopoCompute``) prints as
 ``Pattern 4, crossNic 0, nChannels N, bw X/Y, type A/B``; ``comm_channels`` is the INIT log's ``Channel NN/MM``
 count after ``ncclTopoPostset`` doubles it.  Values not printed by a cited log are marked as estimates.
+The single-node DGX presets take their graphs from NCCL's search over a public topology file of the same GPU and
+NVSwitch fabric (``topologies/``: Azure NDv4 for A100, NDv5 for H100); across nodes the published values stay (the
+multi-node search is not ported).
 """
 from __future__ import annotations
 
+import functools
+from pathlib import Path
+
 from .cost_model import Graph, Machine, TunerConstants
+
+TOPOLOGIES = Path(__file__).resolve().parent.parent.parent / "topologies"
+# Single-node presets read from a public topology file, searched as NCCL would (collectives.graph.init_topo).
+PRESET_TOPOLOGIES = {"dgx-a100": ("azure-ndv4-topo.xml", 80), "dgx-h100": ("azure-ndv5-topo.xml", 90)}
+
+
+@functools.lru_cache(maxsize=None)
+def searched(name: str) -> tuple[Graph, Graph, int] | None:
+    """(ring, tree, Postset channels) NCCL's search finds on the preset's topology file, or None without it."""
+    from .init_topo import run_topology
+    from .topo_feed import cost_graph
+    from .topo_xml import StandIns
+    file, sm = PRESET_TOPOLOGIES[name]
+    if not (TOPOLOGIES / file).exists():
+        return None
+    r = run_topology(str(TOPOLOGIES / file), stand=StandIns(sm=sm))
+    return cost_graph(r.ring), cost_graph(r.tree), r.channels.n
+
+
+def _from_topology(name: str, m: Machine) -> Machine:
+    """A single-node preset takes its graphs from the search over its topology file."""
+    found = searched(name)
+    if m.n_nodes != 1 or found is None:
+        return m
+    ring, tree, comm_channels = found
+    file = PRESET_TOPOLOGIES[name][0]
+    return Machine(**{**m.__dict__, "ring": ring, "tree": tree, "comm_channels": comm_channels,
+                      "sources": {**m.sources, "graph": f"NCCL's search (collectives.topo) over topologies/{file}; "
+                                                        f"published logs agree: " + m.sources.get("graph", "")}})
 
 SOURCES = {
     "a100-graph": "GRAPH log quoted in public notes on NCCL's search: 'Pattern 4, crossNic 0, nChannels 12, bw "
@@ -25,17 +60,16 @@ SOURCES = {
 
 def dgx_a100(nodes: int = 1) -> Machine:
     g = Graph(12, 20.0, 20.0 if nodes == 1 else 20.0, "NVL", "PIX")
-    return Machine(f"dgx-a100 x{nodes}", nodes, 8, 80, ring=g, tree=g, cpu_vendor="amd",
-                   sources={"graph": SOURCES["a100-graph"],
-                            "inter": "estimate: 8x 200 Gb/s HDR IB (25 GB/s each) do not limit 12 x 20 GB/s rings"})
+    return _from_topology("dgx-a100", Machine(
+        f"dgx-a100 x{nodes}", nodes, 8, 80, ring=g, tree=g, cpu_vendor="amd",
+        sources={"graph": SOURCES["a100-graph"],
+                 "inter": "estimate: 8x 200 Gb/s HDR IB (25 GB/s each) do not limit 12 x 20 GB/s rings"}))
 
 
 def dgx_h100(nodes: int = 1) -> Machine:
     g = Graph(12, 30.0, 30.0, "NVL", "PIX")
-    return Machine(f"dgx-h100 x{nodes}", nodes, 8, 90, ring=g, tree=g, cpu_vendor="intel",
-                   sources={"graph": SOURCES["h100-graph"] + (" Single node: estimate, the same search on one "
-                                                              "node (6 x 60 GB/s duplicated to 12 x 30) gives "
-                                                              "the same ring." if nodes == 1 else "")})
+    return _from_topology("dgx-h100", Machine(f"dgx-h100 x{nodes}", nodes, 8, 90, ring=g, tree=g,
+                                              cpu_vendor="intel", sources={"graph": SOURCES["h100-graph"]}))
 
 
 def pcie_box(gpus: int = 8, comp_cap: int = 89) -> Machine:

@@ -63,14 +63,14 @@ def setup_ring(order: list[int], rank: int) -> Ring:
 
 
 def ring_log_line(channel: int, nchannels: int, order: list[int]) -> str:
-    """``Channel %02d/%02d :`` then the ring from rank 0, width = digits of n-1, cut at 128 chars (NCCL >= 2.23)."""
+    """``Channel %02d/%02d :`` then the ring from rank 0, width = digits of n-1, in NCCL's 128-byte buffer
+    (``dumpLine``): pieces are added while fewer than 127 characters are written; an overflow ends in "..."."""
     n = len(order)
     width = len(str(n - 1))
     pos0 = order.index(0)
     line = f"Channel {channel:02d}/{nchannels:02d} :"
     for i in range(n):
-        piece = f" {order[(pos0 + i) % n]:>{width}d}"
-        if len(line) + len(piece) > 124:
-            return line + " ..."
-        line += piece
-    return line
+        if len(line) >= 127:
+            break
+        line += f" {order[(pos0 + i) % n]:>{width}d}"
+    return line[:124] + "..." if len(line) >= 128 else line

@@ -7,8 +7,9 @@ Over *nodes*: tree 0 is the binary tree of ``get_btree``; tree 1 mirrors it (eve
 with the indices set by the pattern: TREE (0,0), BALANCED_TREE (1,0), SPLIT_TREE (1,1); a one-rank node always
 uses TREE.  ``down[]`` is [intra-node child, inter-node child d0, inter-node child d1] (existing ones only).
 Channel c uses tree 0 and channel c + nChannels (the Postset copy) tree 1.
-Deliberate simplification: NCCL's tree search may order a node's chain differently from its rings; without a
-topology search the chain here is the channel's ring order restricted to the node.
+Without a topology search the chain is the channel's ring order restricted to the node.  The tree graph of a
+topology search (``python -m collectives.topo``, ``--topo``) may order it differently; its chains are given per
+channel like rings: ``NCCLLAB_TREE_CHAINS="0 1 2 3|..."`` (channel c uses chain ``c % len``), restricted per node.
 """
 from __future__ import annotations
 
@@ -98,23 +99,41 @@ def connect_trees(chains: list[list[int]], pattern: str | list[str] = "BALANCED_
     return result[0], result[1]
 
 
-def channel_trees(rings: list[list[int]], node_of_rank: list[int], pattern: str = "BALANCED_TREE") -> list[dict]:
-    """Trees of every channel after Postset doubling: channel c -> tree 0 of ring c, c + n -> tree 1."""
+def tree_chains(nranks: int) -> list[list[int]] | None:
+    """``NCCLLAB_TREE_CHAINS``: the tree graph's chain per channel (ours; NCCL takes it from its search)."""
+    text = os.environ.get("NCCLLAB_TREE_CHAINS", "").strip()
+    if not text:
+        return None
+    chains = [[int(x) for x in part.replace(",", " ").split()] for part in text.split("|") if part.strip()]
+    for chain in chains:
+        if sorted(chain) != list(range(nranks)):
+            raise ValueError(f"NCCLLAB_TREE_CHAINS: chain {chain} is not a permutation of ranks 0..{nranks - 1}")
+    return chains
+
+
+def channel_trees(rings: list[list[int]], node_of_rank: list[int], pattern: str = "BALANCED_TREE",
+                  chains: list[list[int]] | None = None) -> list[dict]:
+    """Trees of every channel after Postset doubling: channel c -> tree 0 of ring c, c + n -> tree 1.  Each node's
+    chain is ``chains[c]`` (default ``NCCLLAB_TREE_CHAINS``, else ring c) restricted to the node."""
     nnodes = max(node_of_rank) + 1
+    if chains is None:
+        chains = tree_chains(len(node_of_rank))
     first, second = [], []
-    for ring in rings:
-        chains = [[r for r in ring if node_of_rank[r] == node] for node in range(nnodes)]
-        t0, t1 = connect_trees(chains, pattern)
+    for c, ring in enumerate(rings):
+        order = chains[c % len(chains)] if chains else ring
+        chains_c = [[r for r in order if node_of_rank[r] == node] for node in range(nnodes)]
+        t0, t1 = connect_trees(chains_c, pattern)
         first.append(t0)
         second.append(t1)
     return first + second
 
 
 def trees_log_line(rank: int, trees: list[dict]) -> str:
-    """``Trees [c] d0/d1/d2->rank->up`` for every channel, as NCCL's INIT log prints it (cut at 1023 chars)."""
+    """``Trees [c] d0/d1/d2->rank->up`` for every channel, as NCCL's INIT log prints it: the entries are
+    written into a 1024-byte buffer (at most 1022 characters) and printed after ``Trees``."""
     parts = []
     for c, tree in enumerate(trees):
         node = tree[rank]
         d = list(node.down) + [-1] * (3 - len(node.down))
-        parts.append(f"[{c}] {d[0]}/{d[1]}/{d[2]}->{rank}->{node.up}")
-    return ("Trees " + " ".join(parts))[:1023]
+        parts.append(f" [{c}] {d[0]}/{d[1]}/{d[2]}->{rank}->{node.up}")
+    return "Trees" + "".join(parts)[:1022]

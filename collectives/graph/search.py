@@ -1,0 +1,497 @@
+"""NCCL's graph search (``src/graph/search.cc``: ``ncclTopoCompute``, ``ncclTopoSearchRec``,
+``ncclTopoSearchRecGpu``, ``ncclTopoSearchTryGpu``, ``ncclTopoSearchNextGpuSort``, ``ncclTopoFollowPath``,
+``followPath``, ``ncclTopoCompareGraphs``, ``ncclTopoSearchTryNvls``, ``ncclTopoDupChannels``,
+``ncclTopoPrintGraph``).
+
+The search is a depth-first walk that builds one channel (an ordered list of every GPU) at a time, each hop
+subtracting the channel's bandwidth from every link on its path (``followPath``; undone on the way back), and
+stops a channel that would overdraw a link.  ``ncclTopoCompute`` runs it from the fastest speed of the per-SM speed
+array down, relaxing sameChannels, the tree pattern and the path type, within step budgets (timeouts), then
+doubles fast channels (``ncclTopoDupChannels``) and tries to raise the speed again (pass 2).
+
+One node only: the NET search (``ncclTopoSearchRecNet``, crossNic, the inter-node speed arrays) and CollNet are
+not ported; ``Graph.inter`` keeps NCCL's layout so they can follow.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+from .paths import gpu_min_max_path, local_net
+from .topo import (ARCH_POWER, ARCH_X86, CPU, DEV, GPU, LINK_NVL, LINK_PCI, NET, NVS, PATH_DIS, PATH_LOC,
+                   PATH_PHB, PATH_PIX, PATH_SYS, PATH_TYPES, VENDOR_AMD, VENDOR_INTEL, System, f32)
+
+BALANCED_TREE, SPLIT_TREE, TREE, RING, NVLS, COLLNET_DIRECT = 1, 2, 3, 4, 5, 6
+PATTERN_NAMES = {1: "BALANCED_TREE", 2: "SPLIT_TREE", 3: "TREE", 4: "RING", 5: "NVLS", 6: "COLLNET_DIRECT"}
+MAXCHANNELS = 64
+NCCL_MAX_NVLS_ARITY = 32
+GLOBAL_TIMEOUT = 1 << 19
+TIMEOUT = 1 << 14
+TIMEOUT_TREE = 1 << 14
+TIMEOUT_SAMECHANNELS = 1 << 8
+FORCED_ORDER_PCI, FORCED_ORDER_REPLAY = 1, 2
+
+SPEED_INTRA = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
+SPEED_INTRA_SM90 = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)
+SPEED_INTRA_SM100 = (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)
+
+
+def speed_array(cc_min: int) -> tuple:
+    """The intra-node speeds ``ncclTopoCompute`` tries, by the smallest compute capability."""
+    return SPEED_INTRA_SM100 if cc_min >= 100 else SPEED_INTRA_SM90 if cc_min >= 90 else SPEED_INTRA
+
+
+@dataclass
+class Graph:
+    """``ncclTopoGraph``: ``intra[c]`` is channel c's GPU ranks in order; bandwidths per channel in GB/s."""
+    id: int
+    pattern: int
+    min_channels: int = 1
+    max_channels: int = MAXCHANNELS // 2
+    cross_nic: int = 0
+    n_channels: int = 0
+    bw_intra: float = 0.0
+    bw_inter: float = 0.0
+    latency_inter: float = 0.0
+    type_intra: int = PATH_LOC
+    type_inter: int = PATH_PIX
+    same_channels: int = 0
+    n_hops: int = 0
+    coll_net: int = 0
+    fallback: bool = False       # the search found nothing: NCCL's "falling back to simple order"
+    intra: list = field(default_factory=lambda: [[] for _ in range(MAXCHANNELS)])
+    inter: list = field(default_factory=lambda: [[-1, -1] for _ in range(MAXCHANNELS)])
+
+    def copy(self) -> "Graph":
+        g = Graph(**{k: v for k, v in self.__dict__.items() if k not in ("intra", "inter")})
+        g.intra = [list(c) for c in self.intra]
+        g.inter = [list(c) for c in self.inter]
+        return g
+
+    def channels(self) -> list[list[int]]:
+        return [list(self.intra[c]) for c in range(self.n_channels)]
+
+
+def _roundf(x: float) -> float:
+    return math.copysign(math.floor(abs(x) + 0.5), x)
+
+
+_SUB_CACHE: dict = {}
+
+
+def _sub_round(a: float, b: float) -> float:
+    """``SUB_ROUND``: a - b kept to three decimals, in float (memoised: the search repeats the same few pairs)."""
+    key = (a, b)
+    out = _SUB_CACHE.get(key)
+    if out is None:
+        if len(_SUB_CACHE) > 1 << 20:
+            _SUB_CACHE.clear()
+        out = _SUB_CACHE[key] = f32(_roundf(f32(f32(a - b) * 1000)) / 1000)
+    return out
+
+
+class Search:
+    """One ``ncclTopoCompute`` over a system; ``time`` is NCCL's step budget shared by the recursion."""
+
+    def __init__(self, system: System):
+        self.s = system
+        self.time = 0
+
+    # --- links -----------------------------------------------------------------------------------------------
+    def _follow(self, path, start, max_steps: int, bw: float) -> int:
+        """``followPath``: subtract ``bw`` along the first ``max_steps`` links; return how many fitted."""
+        pci_bw = bw
+        intel = getattr(path, "via_intel_cpu", None)
+        if intel is None:   # the path crosses an Intel x86 CPU (cached on the path)
+            intel = path.via_intel_cpu = any(lk.rem.type == CPU and lk.rem.arch == ARCH_X86 and
+                                             lk.rem.vendor == VENDOR_INTEL for lk in path.links)
+        if intel and path.type == PATH_PHB and start.type == GPU:
+            pci_bw = f32(f32(bw * 6) / 5)   # INTEL_P2P_OVERHEAD: GPU P2P through an Intel CPU costs 6/5
+        node = start
+        for step in range(max_steps):
+            link = path.links[step]
+            rev = None
+            fw = pci_bw if link.type == LINK_PCI else bw
+            rev_bw = 0.0
+            if link.rem.type == DEV and link.rem.sm < 80 and start.type != GPU:
+                rev = next(lk for lk in link.rem.links if lk.rem is node and lk.type == link.type)
+                rev_bw = f32(rev_bw + f32(fw / 8))
+            if link.rem.type == CPU and link.rem.arch == ARCH_POWER and link.type == LINK_NVL:
+                rev = rev or next(lk for lk in link.rem.links if lk.rem is node and lk.type == link.type)
+                rev_bw = f32(rev_bw + fw)
+            if link.bw < fw or (rev_bw and rev.bw < rev_bw):
+                return step
+            link.bw = _sub_round(link.bw, fw)
+            if rev_bw:
+                rev.bw = _sub_round(rev.bw, rev_bw)
+            node = link.rem
+        return max_steps
+
+    def follow_path(self, graph: Graph, t1: int, i1: int, t2: int, i2: int, mult: float):
+        """``ncclTopoFollowPath``: take (mult > 0) or give back (mult < 0) the path's bandwidth; the target
+        node, or None when the path is too slow, of a worse type than the graph allows, or overdrawn."""
+        target = self.s.nodes[t2][i2]
+        if t1 == -1:
+            return target
+        node1 = self.s.nodes[t1][i1]
+        path = node1.paths[t2][i2]
+        rev_path = target.paths[t1][i1]
+        intra = t1 in (GPU, NVS) and t2 in (GPU, NVS)
+        bw = graph.bw_intra if intra else graph.bw_inter
+        type_ = graph.type_intra if intra else graph.type_inter
+        if path.type >= PATH_DIS:
+            return None
+        if mult == 1 and path.type > type_:
+            return None
+        if mult == 1 and graph.pattern in (BALANCED_TREE, TREE, SPLIT_TREE) and rev_path.type > type_:
+            return None
+        bw = bw * mult if mult in (1, -1, 2, -2) else f32(bw * mult)   # exact for +-1, +-2
+        count = len(path.links)
+        step = self._follow(path, node1, count, bw)
+        if step < count:
+            self._follow(path, node1, step, -bw)
+            return None
+        graph.n_hops += int(mult * count)
+        return target
+
+    # --- GPU order -------------------------------------------------------------------------------------------
+    def next_gpu_sort(self, graph: Graph, gpu, sort_net: int) -> list[int]:
+        """``ncclTopoSearchNextGpuSort``: candidates by bandwidth then hops then distance from ``gpu``; with
+        NVSwitches only the next (ring) or previous (trees) GPU in index order is tried."""
+        flag = 1 << graph.n_channels
+        gpus = self.s.nodes[GPU]
+        n = len(gpus)
+        start = gpus.index(gpu)
+        paths = gpu.paths[GPU]
+        scores = []
+        for i in range(1, n):
+            g = (start + i) % n
+            if paths[g].count == 0 or gpus[g].used & flag:
+                continue
+            scores.append((g, i, paths[g].count, int(paths[g].bw)))
+        # cmpScore without the NET fields (all zero on one node): intraBw desc, intraNhops asc, startIndex asc
+        scores.sort(key=lambda s: (-s[3], s[2], s[1]))
+        same = all(s[3] == scores[0][3] and s[2] == scores[0][2] for s in scores) if scores else True
+        nxt = [s[0] for s in (reversed(scores) if sort_net == -1 and same else scores)]
+        count = len(nxt)
+        if self.s.nodes[NVS]:
+            prev_g, next_g = (start - 1 + n) % n, (start + 1) % n
+            if graph.pattern == RING:
+                first = [next_g, prev_g]
+            elif graph.pattern in (SPLIT_TREE, BALANCED_TREE):
+                first = [prev_g, next_g]
+            else:
+                first = [next_g]
+            if next_g == prev_g and len(first) == 2:
+                first = first[:1]
+            real = 0
+            for f in first:
+                if f in nxt[:count]:
+                    nxt.remove(f)
+                    nxt.insert(0, f)
+                    real += 1
+            count = real
+        return nxt[:count]
+
+    # --- recursion -------------------------------------------------------------------------------------------
+    def try_gpu(self, graph, save, step, back_net, back_first, forced, t, i, g) -> None:
+        """``ncclTopoSearchTryGpu``."""
+        flag = 1 << graph.n_channels
+        gpu = self.follow_path(graph, t, i, GPU, g, 1)
+        if gpu is not None:
+            gpu.used ^= flag
+            self.rec_gpu(graph, save, gpu, step, back_net, back_first, forced)
+            gpu.used ^= flag
+            self.follow_path(graph, t, i, GPU, g, -1)
+
+    def replay_gpu(self, graph: Graph, step: int) -> int:
+        """``ncclTopoReplayGetGpu``: the GPU the previous channel had at ``step + 1``."""
+        rank = graph.intra[graph.n_channels - 1][step + 1]
+        return self.s.gpu_by_rank(rank)
+
+    def try_nvls(self, graph, save, g: int, ngpus: int) -> None:
+        """``ncclTopoSearchTryNvls``: NVSwitch -> every GPU and back, twice the bandwidth for the head ``g``."""
+        n = len(self.s.nodes[GPU])
+        d0 = 0
+        ok = True
+        while True:
+            ok = self.follow_path(graph, NVS, 0, GPU, d0, 2 if d0 == g else 1) is not None
+            d0 += 1
+            if not ok or d0 >= n:
+                break
+        if not ok:
+            d0 -= 1
+        else:
+            d1 = 0
+            while True:
+                ok = self.follow_path(graph, GPU, d1, NVS, 0, 2 if d1 == g else 1) is not None
+                d1 += 1
+                if not ok or d1 >= n:
+                    break
+            if not ok:
+                d1 -= 1
+            else:
+                self.rec_gpu(graph, save, None, ngpus, -1, -1, 0)
+            while d1:
+                d1 -= 1
+                self.follow_path(graph, GPU, d1, NVS, 0, -2 if d1 == g else -1)
+        while d0:
+            d0 -= 1
+            self.follow_path(graph, NVS, 0, GPU, d0, -2 if d0 == g else -1)
+
+    def compare(self, graph: Graph, ref: Graph) -> bool:
+        """``ncclTopoCompareGraphs``: more channels x bandwidth wins, then fewer hops."""
+        if graph.n_channels < graph.min_channels:
+            return False
+        if graph.pattern == NVLS:
+            return (graph.n_channels > ref.n_channels and graph.n_channels <= len(self.s.nodes[GPU])) or \
+                f32(graph.n_channels * graph.bw_inter) > f32(ref.n_channels * ref.bw_inter)
+        a, b = f32(graph.n_channels * graph.bw_intra), f32(ref.n_channels * ref.bw_intra)
+        if a > b:
+            return True
+        if a < b:
+            return False
+        return graph.pattern == ref.pattern and graph.cross_nic == ref.cross_nic and graph.n_hops < ref.n_hops
+
+    def rec_gpu(self, graph, save, gpu, step, back_net, back_first, forced) -> None:
+        """``ncclTopoSearchRecGpu``: place ``gpu`` at ``step`` of the current channel and go on."""
+        if self.time <= 0:
+            return
+        self.time -= 1
+        ngpus = len(self.s.nodes[GPU])
+        if step == ngpus:
+            graph.n_channels += 1
+            if self.compare(graph, save):
+                save.__dict__.update(graph.copy().__dict__)
+                if graph.n_channels == graph.max_channels:
+                    self.time = -1
+            if graph.n_channels < graph.max_channels:
+                self.rec(graph, save)
+            graph.n_channels -= 1
+            return
+        row = graph.intra[graph.n_channels]
+        while len(row) < ngpus:
+            row.append(-1)
+        row[step] = gpu.rank
+        g = self.s.nodes[GPU].index(gpu)
+        if step == back_net:
+            raise NotImplementedError("multi-node search (ncclTopoSearchRecNet) is not ported")
+        if graph.pattern == NVLS:
+            self.try_nvls(graph, save, g, ngpus)
+        elif step < ngpus - 1:
+            if forced == FORCED_ORDER_PCI:
+                nxt = [step + 1]
+            elif forced == FORCED_ORDER_REPLAY:
+                nxt = [self.replay_gpu(graph, step)]
+            else:
+                nxt = self.next_gpu_sort(graph, gpu, 0 if back_net == -1 else 1 if back_net == step + 1 else -1)
+            for n in nxt:
+                self.try_gpu(graph, save, step + 1, back_net, back_first, forced, GPU, g, n)
+        elif step == back_first:
+            p = self.s.gpu_by_rank(graph.intra[graph.n_channels][0])
+            first = self.follow_path(graph, GPU, g, GPU, p, 1)
+            if first is not None:
+                self.rec_gpu(graph, save, first, step + 1, back_net, -1, forced)
+                self.follow_path(graph, GPU, g, GPU, p, -1)
+        else:
+            self.rec_gpu(graph, save, gpu, ngpus, -1, -1, forced)
+
+    def rec(self, graph: Graph, save: Graph) -> None:
+        """``ncclTopoSearchRec`` on one node: channel 0 tries PCI order first, later channels replay the
+        previous one; then (unless sameChannels) every GPU as the first."""
+        if self.s.inter:
+            raise NotImplementedError("multi-node search (ncclTopoSearchRecNet) is not ported")
+        back_first = len(self.s.nodes[GPU]) - 1 if graph.pattern == RING else -1
+        if graph.pattern == NVLS:
+            self.try_gpu(graph, save, 0, -1, back_first, 0, -1, -1, graph.n_channels)
+            return
+        if graph.n_channels == 0:
+            self.try_gpu(graph, save, 0, -1, back_first, FORCED_ORDER_PCI, -1, -1, 0)
+        else:
+            g = self.replay_gpu(graph, -1)
+            self.try_gpu(graph, save, 0, -1, back_first, FORCED_ORDER_REPLAY, -1, -1, g)
+        if graph.same_channels == 0 or graph.n_channels == 0:
+            for g in range(len(self.s.nodes[GPU])):
+                self.try_gpu(graph, save, 0, -1, back_first, 0, -1, -1, g)
+
+
+def dup_channels(graph: Graph, cc_min: int) -> None:
+    """``ncclTopoDupChannels``: fast channels are doubled at half the bandwidth each (more blocks, same links)."""
+    if graph.n_channels == 0 or graph.pattern == NVLS or graph.bw_intra < 25.0:
+        return
+    if cc_min > 80 and graph.bw_intra < 50.0 and graph.n_channels > 4:
+        return
+    dup = min(graph.n_channels * 2, graph.max_channels)
+    for c in range(graph.n_channels, dup):
+        graph.intra[c] = list(graph.intra[c - graph.n_channels])
+        graph.inter[c] = list(graph.inter[c - graph.n_channels])
+    div = -(-dup // graph.n_channels)
+    graph.bw_intra = f32(graph.bw_intra / div)
+    graph.bw_inter = f32(graph.bw_inter / div)
+    graph.n_channels = dup
+
+
+def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Graph:
+    """``ncclTopoCompute``: fill ``graph`` (pattern, channels, bandwidths, types) for one node.  ``trace`` collects
+    one line per search attempt (NCCL's compiled-out debug printf in ncclTopoCompute, with type names)."""
+    gpus = system.nodes[GPU]
+    cc_min = min(g.sm for g in gpus)
+    ngpus, ndevs = len(gpus), len(system.nodes[DEV])
+    cross_env = int(os.environ.get("NCCL_CROSS_NIC", "2") or 2)
+    cross_nic = cross_env if len(system.nodes[NET]) > 1 and graph.pattern in (RING, BALANCED_TREE, SPLIT_TREE) \
+        else 0
+    graph.cross_nic = 1 if cross_nic == 1 else 0
+    graph.bw_intra = graph.bw_inter = 0.0
+    graph.latency_inter = 0.0
+    min_intra, max_intra = (gpu_min_max_path(system, GPU) if ngpus > 1 else (PATH_LOC, PATH_SYS))
+    min_inter = PATH_PIX
+    graph.type_intra, graph.type_inter = min_intra, min_inter
+    graph.n_channels = 0
+    try_same = 0 if graph.pattern == NVLS else 1
+    graph.same_channels = try_same
+    cpu = system.nodes[CPU][0]
+    if graph.pattern == NVLS and (not system.nodes[NVS] or cc_min < 90):
+        return graph
+    if graph.pattern == NVLS:
+        graph.max_channels = min(NCCL_MAX_NVLS_ARITY, ngpus)
+        graph.min_channels = graph.max_channels
+    if ngpus == 1 and graph.pattern != RING:
+        graph.pattern = TREE
+    if graph.pattern == RING and split_nvlink(system) and graph.max_channels >= 2 and graph.min_channels == 1:
+        graph.min_channels = 2
+
+    tmp = graph.copy()
+    speeds = speed_array(cc_min)
+    search = Search(system)
+    max_bw, total_bw = system.max_bw, system.total_bw
+    if ndevs > 1 and graph.pattern != RING:
+        total_bw = f32(total_bw * (ndevs * 1.0 / (ndevs - 1)))
+    si = 0
+    while (speeds[si] > max_bw or speeds[si] * graph.min_channels > total_bw) and si < len(speeds) - 1:
+        si += 1
+    tmp.bw_intra = tmp.bw_inter = speeds[si]
+    global_timeout = GLOBAL_TIMEOUT
+    pass_ = 1
+    while True:
+        # search:
+        search.time = (TIMEOUT_SAMECHANNELS if tmp.same_channels else TIMEOUT_TREE if tmp.pattern == TREE
+                       else TIMEOUT)
+        tmp.n_channels = 0
+        global_timeout -= search.time
+        search.rec(tmp, graph)
+        time = search.time
+        if trace is not None:
+            trace.append(f"Id {tmp.id} Pattern {tmp.pattern}, crossNic {tmp.cross_nic}, Bw {tmp.bw_inter:g}/"
+                         f"{tmp.bw_intra:g}, type {PATH_TYPES[tmp.type_inter]}/{PATH_TYPES[tmp.type_intra]}, "
+                         f"channels {tmp.min_channels}-{tmp.max_channels} sameChannels {tmp.same_channels} -> "
+                         f"nChannels {graph.n_channels}x{graph.bw_inter:g}/{graph.bw_intra:g} "
+                         f"{'TIMEOUT' if time == 0 else 'PERFECT' if time == -1 else ''}".rstrip())
+        goto_done = time == -1 or f32(graph.n_channels * graph.bw_inter) >= system.total_bw
+        if not goto_done and pass_ == 1:
+            if tmp.same_channels == 1 and not (cpu.arch == ARCH_X86 and cpu.vendor == VENDOR_AMD
+                                               and tmp.type_intra == PATH_SYS):
+                tmp.same_channels = 0
+                continue
+            tmp.same_channels = try_same
+            global_timeout = global_timeout + time if time != -1 else GLOBAL_TIMEOUT
+            if global_timeout < 0 and graph.n_channels:
+                goto_done = True
+            else:
+                if cc_min >= 90 and tmp.pattern == BALANCED_TREE:
+                    tmp.pattern = TREE
+                    continue
+                tmp.pattern = graph.pattern
+                if tmp.type_intra < max_intra and (graph.n_channels == 0 or tmp.type_intra < graph.type_intra):
+                    tmp.type_intra += 1
+                    if tmp.type_intra < PATH_DIS:
+                        continue
+                tmp.type_intra = min_intra
+                # (typeInter is only widened across nodes)
+                if cross_nic == 2 and tmp.cross_nic == 0 and graph.pattern in (RING, BALANCED_TREE):
+                    tmp.cross_nic = 2
+                    continue
+                tmp.cross_nic = 1 if cross_nic == 1 else 0
+                if si < len(speeds) - 1 and (graph.n_channels == 0 or f32(speeds[si + 1] / graph.bw_inter) > .49):
+                    si += 1
+                    tmp.bw_inter = tmp.bw_intra = speeds[si]
+                    continue
+                si = 0
+                while speeds[si] > max_bw and si < len(speeds) - 1:
+                    si += 1
+                tmp.bw_intra = tmp.bw_inter = speeds[si]
+        # done:
+        if pass_ == 1:
+            time = -1
+            before = (graph.n_channels, graph.bw_intra)
+            dup_channels(graph, cc_min)
+            if trace is not None and before != (graph.n_channels, graph.bw_intra):
+                trace.append(f"Dup: {before[0]} x {before[1]:g} -> {graph.n_channels} x {graph.bw_intra:g}")
+            tmp = graph.copy()
+            si = 0
+            while speeds[si] > graph.bw_inter and si < len(speeds) - 1:
+                si += 1
+            tmp.bw_intra = tmp.bw_inter = speeds[si]
+            tmp.min_channels = graph.n_channels
+            pass_ = 2
+        if pass_ == 2:
+            if time != 0 and si > 0:
+                if graph.pattern == RING:
+                    si -= 1
+                    tmp.bw_intra = tmp.bw_inter = speeds[si]
+                    continue
+                if graph.pattern == NVLS and tmp.bw_inter == graph.bw_inter and tmp.bw_inter < tmp.bw_intra * 2:
+                    tmp.min_channels = tmp.max_channels = graph.n_channels
+                    si -= 1
+                    tmp.bw_inter = speeds[si]
+                    continue
+                if tmp.bw_intra == graph.bw_intra and tmp.bw_intra < tmp.bw_inter * 2:
+                    si -= 1
+                    tmp.bw_intra = speeds[si]
+                    continue
+        break
+    if graph.n_channels == 0 and graph.coll_net == 0 and graph.pattern != NVLS:
+        # "Could not find a path for pattern %d, falling back to simple order": PCI order, 0.1 GB/s
+        graph.fallback = True
+        graph.intra[0] = [g.rank for g in gpus]
+        graph.bw_intra = f32(0.1)
+        graph.type_intra = PATH_SYS
+        if system.nodes[NET]:   # ncclTopoSelectNets(-1, gpu 0 / last gpu): their first local NIC each
+            first = system.nodes[NET][local_net(system, gpus[0].rank, 0)].id
+            last = system.nodes[NET][local_net(system, gpus[-1].rank, 0)].id
+            graph.inter[0] = [first, last]
+            graph.bw_inter, graph.type_inter = f32(0.1), PATH_SYS
+        else:
+            graph.inter[0] = [-1, -1]
+            graph.bw_inter, graph.type_inter = 0.0, PATH_DIS
+        graph.n_channels = 1
+    return graph
+
+
+def split_nvlink(system: System) -> bool:
+    """``ncclTopoSplitNvLink``: exactly two NVLink islands (e.g. two 4-GPU boards)."""
+    gpus = system.nodes[GPU]
+    domain = list(range(len(gpus)))
+    for g, gpu in enumerate(gpus):
+        for p in range(g + 1, len(gpus)):
+            if gpu.paths[GPU][p].type == 1:
+                domain[p] = domain[g]
+    counts = [domain.count(g) for g in range(len(gpus))]
+    return sum(1 for c in counts if c > 1) == 2
+
+
+def print_graph(system: System, graph: Graph) -> list[str]:
+    """``ncclTopoPrintGraph``: the Pattern line, then one line of GPU ids per channel."""
+    out = [f"Pattern {graph.pattern}, crossNic {graph.cross_nic}, nChannels {graph.n_channels}, "
+           f"bw {graph.bw_intra:f}/{graph.bw_inter:f}, type {PATH_TYPES[graph.type_intra]}/"
+           f"{PATH_TYPES[graph.type_inter]}, sameChannels {graph.same_channels}"]
+    gpus = system.nodes[GPU]
+    for c in range(graph.n_channels):
+        line = f"{c:2d} :"
+        for i, rank in enumerate(graph.intra[c][:len(gpus)]):
+            line += " " + gpus[system.gpu_by_rank(rank)].name()
+            if graph.id == 3:
+                break
+        out.append(line)
+    return out
+

@@ -1,0 +1,266 @@
+"""NCCL's topology XML (``src/graph/xml.cc``, ``xml.h``; the XML steps of ``ncclTopoGetSystem`` in ``topo.cc``).
+
+``load_xml`` reads a file as ``ncclTopoGetXmlFromFile`` does (``<system version="1">``, cpu/pci/gpu/nvlink/nic/net/
+pcilink/c2c nodes, attribute order kept).  ``rank_xml`` is one rank's view before fusion: its own GPU filled in and
+marked ``keep`` (``ncclTopoFillGpu``), every NIC the net plugin reports filled and marked (``ncclTopoPopulateNics``),
+the rest trimmed (``ncclTopoTrimXml``).  ``fused_xml`` fuses the ranks' views in rank order (``ncclTopoFuseXml``),
+which is why on a bare file every GPU but rank 0's lands after its switch's NICs.
+
+Stand-ins (NCCL asks NVML and the net plugin; we cannot): a GPU without a ``<gpu>`` child gets ``--sm`` and, when
+it has no ``<nvlink>``, ``--nvlinks`` links to a hidden NVSwitch (NCCL's default is its per-SM maximum); every PCI
+node of class ``0x02xxxx`` is one IB NIC (400 Gb/s, GPUDirect RDMA).  Not ported: sysfs/NVML discovery, NIC
+fusion into virtual NICs (``ncclTopoMakeVNics``), MNNVL cliques.
+"""
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+NVSWITCH_CLASS = "0x068000"
+HIDDEN_NVSWITCH = "fffffff:ffff:ff"
+GPU_DEVICE_BY_SM = {70: "0x1db1", 80: "0x20b0", 90: "0x2330", 100: "0x2901"}
+
+
+class TopoError(ValueError):
+    """A topology file NCCL would reject; the message names the element and attribute."""
+
+
+@dataclass(eq=False)
+class XmlNode:
+    name: str
+    attrs: dict = field(default_factory=dict)
+    subs: list = field(default_factory=list)
+    parent: "XmlNode | None" = None
+
+    def get(self, key: str, default=None):
+        return self.attrs.get(key, default)
+
+    def where(self) -> str:
+        """How an error names this node: tag plus its identifying attribute."""
+        for key in ("busid", "name", "numaid", "target", "dev"):
+            if key in self.attrs:
+                return f"<{self.name} {key}=\"{self.attrs[key]}\">"
+        return f"<{self.name}>"
+
+    def attr_str(self, key: str) -> str:
+        if key not in self.attrs:
+            raise TopoError(f"{self.where()}: missing attribute '{key}'")
+        return self.attrs[key]
+
+    def attr_int(self, key: str, default: int | None = None) -> int:
+        if key not in self.attrs:
+            if default is not None:
+                return default
+            raise TopoError(f"{self.where()}: missing attribute '{key}'")
+        text = self.attrs[key].strip()
+        try:
+            return int(text, 0) if text.lower().startswith(("0x", "-0x")) else int(text)
+        except ValueError:
+            raise TopoError(f"{self.where()}: attribute {key}=\"{text}\" is not an integer") from None
+
+    def sub(self, name: str) -> "XmlNode | None":
+        return next((s for s in self.subs if s.name == name), None)
+
+    def add(self, tag: str, **attrs) -> "XmlNode":
+        node = XmlNode(tag, {k: str(v) for k, v in attrs.items()}, [], self)
+        self.subs.append(node)
+        return node
+
+    def walk(self):
+        yield self
+        for s in self.subs:
+            yield from s.walk()
+
+    def copy(self, parent: "XmlNode | None" = None) -> "XmlNode":
+        node = XmlNode(self.name, dict(self.attrs), [], parent)
+        node.subs = [s.copy(node) for s in self.subs]
+        return node
+
+
+KNOWN = {"system": {"cpu"}, "cpu": {"pci", "nic"}, "pci": {"pci", "gpu", "nic", "pcilink"},
+         "gpu": {"nvlink", "c2c"}, "nic": {"net"}, "net": set(), "nvlink": set(), "pcilink": set(), "c2c": set()}
+
+
+def _convert(elem: ET.Element, parent: XmlNode | None) -> XmlNode:
+    node = XmlNode(elem.tag, dict(elem.attrib), [], parent)
+    allowed = KNOWN.get(elem.tag, set())
+    for child in elem:
+        if child.tag in allowed:  # NCCL's loader skips tags it has no handler for
+            node.subs.append(_convert(child, node))
+    return node
+
+
+def load_xml(path: str) -> XmlNode:
+    """``ncclTopoGetXmlFromFile`` + ``ncclTopoXmlLoadSystem``: the ``<system>`` tree, version checked."""
+    try:
+        root = ET.parse(path).getroot()
+    except OSError as e:
+        raise TopoError(f"{path}: cannot read ({e.strerror})") from None
+    except ET.ParseError as e:
+        raise TopoError(f"{path}: not well-formed XML ({e})") from None
+    if root.tag != "system":
+        raise TopoError(f"{path}: top element is <{root.tag}>, expected <system>")
+    system = _convert(root, None)
+    version = system.attr_int("version")
+    if version != 1:
+        raise TopoError(f"<system>: attribute version=\"{version}\" is not 1 (NCCL's XML topology version)")
+    return system
+
+
+def bus_id_to_int(text: str, node: XmlNode | None = None, attr: str = "busid") -> int:
+    """``busIdToInt64``: the hex digits of a PCI id, separators skipped ("0000:18:00.0" -> 0x18000)."""
+    digits = "".join(c for c in text if c not in ":.")
+    try:
+        return int(digits, 16)
+    except ValueError:
+        where = node.where() if node is not None else "<?>"
+        raise TopoError(f"{where}: attribute {attr}=\"{text}\" is not a PCI bus id") from None
+
+
+@dataclass(frozen=True)
+class StandIns:
+    """What a real run would get from NVML and the net plugin (see the module docstring)."""
+    sm: int | None = None
+    nvlinks: int | None = None
+    nics: bool = True
+
+
+def max_nvlinks(sm: int) -> int:
+    """``ncclTopoGetXmlFromGpu``: the NVLinks NVML is asked about, per compute capability."""
+    return 0 if sm < 60 else 4 if sm < 70 else 6 if sm < 80 else 12 if sm < 90 else 18
+
+
+def _is_gpu_pci(node: XmlNode) -> bool:
+    return node.name == "pci" and (node.sub("gpu") is not None or node.get("class", "").startswith("0x03"))
+
+
+def _is_nic_pci(node: XmlNode) -> bool:
+    return node.name == "pci" and node.sub("gpu") is None and (
+        node.get("class", "").startswith("0x02") or node.sub("nic") is not None)
+
+
+def gpu_pcis(system: XmlNode) -> list[XmlNode]:
+    """The GPUs of the file in PCI bus order: CUDA's device order, so GPU i becomes dev i and rank i."""
+    pcis = [n for n in system.walk() if _is_gpu_pci(n)]
+    for p in pcis:
+        p.attr_str("busid")
+    return sorted(pcis, key=lambda p: bus_id_to_int(p.attrs["busid"], p))
+
+
+def fill_gpu(pci: XmlNode, rank: int, stand: StandIns, log: list[str]) -> XmlNode:
+    """``ncclTopoFillGpu`` for one rank's GPU: complete the ``<gpu>`` node and mark it ``keep``."""
+    gpu = pci.sub("gpu")
+    if gpu is None:
+        pci.attrs.setdefault("class", "0x03")
+        gpu = pci.add("gpu")
+    if "sm" not in gpu.attrs:
+        if stand.sm is None:
+            raise TopoError(f"{pci.where()}: the GPU has no 'sm' attribute (NCCL reads it from the driver); "
+                            f"give it with --sm, e.g. --sm 90")
+        gpu.attrs["sm"] = str(stand.sm)
+    sm = gpu.attr_int("sm")
+    if "vendor" not in pci.attrs:
+        pci.attrs.update(vendor="0x10de", device=GPU_DEVICE_BY_SM.get(sm, "0x0000"), subsystem_vendor="0x0",
+                         subsystem_device="0x0")
+    gpu.attrs.setdefault("dev", str(rank))
+    gpu.attrs["rank"] = str(rank)
+    gpu.attrs.setdefault("gdr", "1")
+    gpu.attrs["mlopart"] = "-1"
+    gpu.attrs["keep"] = "1"
+    if gpu.sub("nvlink") is None:
+        count = stand.nvlinks if stand.nvlinks is not None else max_nvlinks(sm)
+        if count > 0:
+            gpu.add("nvlink", target=HIDDEN_NVSWITCH, count=count, tclass=NVSWITCH_CLASS)
+            log.append(f"NVLink target {HIDDEN_NVSWITCH} not visible, assuming NVSwitch")
+    for link in gpu.subs:
+        if link.name == "nvlink":
+            link.attr_int("count")
+            link.attrs.setdefault("tclass", NVSWITCH_CLASS)
+    return gpu
+
+
+def fill_nics(system: XmlNode, stand: StandIns, log: list[str]) -> None:
+    """``ncclTopoPopulateNics`` with the stand-in plugin: one IB device per NIC PCI node, numbered in PCI bus
+    order (as mlx5_N follows PCI enumeration)."""
+    if not stand.nics:
+        return
+    n = 0
+    pcis = [p for p in system.walk() if _is_nic_pci(p)]
+    for pci in sorted(pcis, key=lambda p: bus_id_to_int(p.attr_str("busid"), p)):
+        nic = pci.sub("nic") or pci.add("nic")
+        nets = [s for s in nic.subs if s.name == "net"] or [nic.add("net", name=f"mlx5_{n}")]
+        for net in nets:
+            net.attrs.setdefault("name", f"mlx5_{n}")
+            net.attrs["keep"] = "1"
+            net.attrs["dev"] = str(n)
+            for key, value in (("latency", "0"), ("speed", "400000"), ("port", "1"), ("guid", hex(0x1000 + n)),
+                               ("maxconn", "65536"), ("gdr", "1")):
+                net.attrs.setdefault(key, value)
+            net.attrs["net"] = "1"
+            log.append(f"ncclTopoPopulateNics : Filled {net.attrs['name']} in topo with busid {pci.get('busid')}")
+            n += 1
+
+
+def trim_xml(node: XmlNode) -> int:
+    """``ncclTopoTrimXml``: drop pci/cpu/nic/net branches holding nothing marked ``keep``."""
+    if node.attrs.get("keep") == "1":
+        del node.attrs["keep"]
+        return 1
+    keep = sum(trim_xml(s) for s in list(node.subs))
+    if keep == 0 and node.name in ("pci", "cpu", "nic", "net") and node.parent is not None:
+        node.parent.subs.remove(node)
+    return keep
+
+
+def _same(a: XmlNode, b: XmlNode) -> bool:
+    return a.name == b.name and a.attrs == b.attrs
+
+
+def fuse_xml(dst: XmlNode | None, src: XmlNode) -> XmlNode:
+    """``ncclTopoFuseXml``: add every node of ``src`` that ``dst`` lacks (same tag and attributes), in place."""
+    if dst is None:
+        return src.copy()
+
+    def rec(d: XmlNode, s: XmlNode) -> None:
+        for child in s.subs:
+            match = next((x for x in d.subs if _same(x, child)), None)
+            if match is None:
+                d.subs.append(child.copy(d))
+            else:
+                rec(match, child)
+    rec(dst, src)
+    return dst
+
+
+def rank_xml(system: XmlNode, rank: int, stand: StandIns, log: list[str]) -> XmlNode:
+    """One rank's XML before fusion: file + its GPU + the plugin's NICs, trimmed."""
+    mine = system.copy()
+    pcis = gpu_pcis(mine)
+    fill_gpu(pcis[rank], rank, stand, log)
+    fill_nics(mine, stand, log)
+    trim_xml(mine)
+    return mine
+
+
+def fused_xml(system: XmlNode, nranks: int, stand: StandIns, log: list[str] | None = None) -> XmlNode:
+    """What ``ncclTopoGetSystem`` hands to ``ncclTopoGetSystemFromXml`` on one node of ``nranks`` ranks."""
+    log = [] if log is None else log
+    ngpus = len(gpu_pcis(system))
+    if ngpus == 0:
+        raise TopoError("<system>: no GPU found (a <pci> with class 0x03xxxx or a <gpu> child)")
+    if nranks < 1 or nranks > ngpus:
+        raise TopoError(f"--nranks {nranks}: the file has {ngpus} GPUs")
+    fused = None
+    for r in range(nranks):
+        fused = fuse_xml(fused, rank_xml(system, r, stand, log if r == 0 else []))
+    return fused
+
+
+def dump_xml(node: XmlNode, indent: int = 0) -> str:
+    """``ncclTopoDumpXmlToFile``'s layout, for NCCL_TOPO_DUMP_FILE-like output."""
+    attrs = "".join(f' {k}="{v}"' for k, v in node.attrs.items())
+    pad = "  " * indent
+    if not node.subs:
+        return f"{pad}<{node.name}{attrs}/>\n"
+    inner = "".join(dump_xml(s, indent + 1) for s in node.subs)
+    return f"{pad}<{node.name}{attrs}>\n{inner}{pad}</{node.name}>\n"

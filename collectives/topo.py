@@ -1,0 +1,92 @@
+"""``python -m collectives.topo TOPO.xml``: NCCL's topology search for one node, printed as NCCL prints it.
+
+    python -m collectives.topo topologies/ndv5-topo.xml --sm 90
+    python -m collectives.topo my-dump.xml --nranks 4            # an NCCL_TOPO_DUMP_FILE output
+    python -m collectives.topo my-dump.xml --brief               # only the graphs and channels
+
+Runs the steps of ``initTransportsRank`` (``collectives.graph.init_topo``) with the XML's GPUs as ranks 0..N-1 in
+PCI order, and prints NCCL's INFO lines: ``=== System ...`` with the node tree and paths (``ncclTopoPrint``),
+``Pattern ...`` and the channel GPU lines per graph (``ncclTopoPrintGraph``), each rank's ``Tree`` lines, rank 0's
+``Channel NN/MM :`` rings and every rank's ``Ring NN`` and ``Trees`` lines.  Lines are ``[rank] NCCL INFO ...``
+(NCCL's ``host:pid:tid`` prefix dropped); lines starting with ``#`` are ours.
+
+Bare files (GPUs and NICs as plain PCI nodes, like the Azure files published for NCCL_TOPO_FILE) need stand-ins
+for what NCCL asks NVML and the net plugin: ``--sm``, ``--nvlinks`` (default: NCCL's per-SM maximum, all to one
+NVSwitch), and every PCI node of class 0x02xxxx counts as an IB NIC unless ``--no-nics``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .graph.connect import channel_lines, rank_lines, tree_lines
+from .graph.init_topo import TopoResult, run_topology
+from .graph.search import PATTERN_NAMES
+from .graph.topo_xml import StandIns, TopoError, dump_xml
+
+
+def summary(r: TopoResult) -> list[str]:
+    """Our one-paragraph reading of the result (``#`` lines)."""
+    out = []
+    for name, g in (("ring", r.ring), ("tree", r.tree), ("nvls", r.nvls)):
+        if g is None:
+            continue
+        out.append(f"# {name} graph: {PATTERN_NAMES.get(g.pattern, g.pattern)}, {g.n_channels} channels x "
+                   f"{g.bw_intra:g} GB/s")
+    out.append(f"# communicator: {r.channels.n} channels (Postset doubles {r.channels.search_channels}); "
+               f"tree pattern {r.channels.tree_pattern}")
+    return out
+
+
+def render(r: TopoResult, brief: bool = False, ranks: list[int] | None = None) -> list[str]:
+    """Every line ``main`` prints, in NCCL's order (rank 0's search, then per rank connectTrees/Postset lines)."""
+    out = [f"# {note}" for note in r.stand_in_notes]
+    nranks = len(r.system.nodes[0])
+    lines = r.system_lines[:1] + r.graph_lines if brief else r.log
+    out += [f"[0] NCCL INFO {line}" for line in lines]
+    for rank in (range(nranks) if ranks is None else ranks):
+        if not brief:
+            out += [f"[{rank}] NCCL INFO {line}" for line in tree_lines(r.channels, rank)]
+        if rank == 0:
+            out += [f"[0] NCCL INFO {line}" for line in channel_lines(r.channels)]
+        lines = rank_lines(r.channels, rank)
+        out += [f"[{rank}] NCCL INFO {line}" for line in (lines[-1:] if brief else lines)]
+    return out + summary(r)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m collectives.topo", description=__doc__.split("\n")[0])
+    p.add_argument("xml", help="topology XML (NCCL_TOPO_FILE / NCCL_TOPO_DUMP_FILE format)")
+    p.add_argument("--nranks", type=int, help="ranks = the first N GPUs in PCI order (default: all)")
+    p.add_argument("--sm", type=int, help="compute capability of GPUs the file does not describe, e.g. 90")
+    p.add_argument("--nvlinks", type=int, help="NVLinks per GPU (to an NVSwitch) when the file has none")
+    p.add_argument("--no-nics", action="store_true", help="no net plugin devices (NICs are trimmed)")
+    p.add_argument("--nvls", action="store_true", help="also search the NVLS graph")
+    p.add_argument("--brief", action="store_true", help="only System, Pattern, channel, Channel and Trees lines")
+    p.add_argument("--explain", action="store_true", help="also print every search attempt (# search: lines)")
+    p.add_argument("--dump-xml", metavar="FILE", help="write the fused XML NCCL would dump (NCCL_TOPO_DUMP_FILE)")
+    a = p.parse_args(argv)
+    stand = StandIns(sm=a.sm, nvlinks=a.nvlinks, nics=not a.no_nics)
+    try:
+        r = run_topology(a.xml, a.nranks, stand, nvls=a.nvls)
+        if a.dump_xml:
+            from .graph.topo_xml import fused_xml, load_xml
+            text = dump_xml(fused_xml(load_xml(a.xml), len(r.system.nodes[0]), stand))
+            with open(a.dump_xml, "w") as f:
+                f.write(text)
+    except (TopoError, NotImplementedError, ValueError) as e:
+        print(f"python -m collectives.topo: {e}", file=sys.stderr)
+        return 2
+    try:
+        for line in render(r, a.brief):
+            print(line)
+        if a.explain:
+            for line in r.search_trace:
+                print(f"# search: {line}")
+    except BrokenPipeError:          # e.g. piped into head
+        sys.stderr.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
