@@ -249,7 +249,7 @@ class Communicator:
                 continue
             if page.aborted:
                 raise CollectiveError(f"rank {self.rank}: rank {r} aborted [{page.message}]; this rank, in "
-                                      f"{kernel.func}: {kernel.describe_wait()}")
+                                      f"{kernel.func}: {kernel.describe_wait()}", secondary=True)
             if not sockets.pid_alive(self.peer_info[r]["pid"]):
                 raise CollectiveError(f"rank {self.rank}: rank {r} (pid {self.peer_info[r]['pid']}) is gone "
                                       f"(killed or exited) during {kernel.func}: {kernel.describe_wait()}")
@@ -323,8 +323,9 @@ class Communicator:
             self._flush_trace()
             if self._kernel is not None and self._kernel.wait_state:
                 path = write_report(report_dir(self.tag), self._hang_report(self._kernel, str(exc)))
-                self._warn(f"rank {self.rank}: hang report written to {path} (python -m tracing hang "
-                           f"{os.path.dirname(path)})")
+                if not exc.secondary:  # the rank that knows names the folder; its peers' reports go beside it
+                    self._warn(f"rank {self.rank}: hang report written to {path} (python -m tracing hang "
+                               f"{os.path.dirname(path)})")
             debug.warn(str(exc))
             raise
         finally:

@@ -85,8 +85,9 @@ def launched() -> bool:
 def _fatal_excepthook(exc_type, exc, tb) -> None:
     """A rank's uncaught error: one line (or a traceback for a bug) in one ``write``, so that the reports of several
     ranks never interleave; under mpirun, then ``MPI_Abort`` so that no rank waits for this one forever."""
-    if issubclass(exc_type, KeyboardInterrupt):
-        text = ""  # Ctrl-C: the launcher says it once, not every rank with a traceback
+    secondary = getattr(exc, "secondary", False)
+    if issubclass(exc_type, KeyboardInterrupt) or secondary:
+        text = ""  # Ctrl-C: the launcher says it once; a peer's failure: that peer says it
     elif issubclass(exc_type, REPORTED):
         text = f"{exc_type.__name__}: {exc}\n"
     else:
@@ -97,6 +98,8 @@ def _fatal_excepthook(exc_type, exc, tb) -> None:
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
             _unlink_mpi_segments()
+            if secondary:
+                time.sleep(1.0)  # let the rank that knows print its line and abort first
             mpi.COMM_WORLD.Abort(1)
 
 

@@ -75,3 +75,72 @@ def test_float_str_matches_nccl_tests():
     from collectives.perf import float_str
     assert float_str(3.14159, 6) == "  3.14" and float_str(12345.678, 7) == "12345.7"
     assert float_str(1234567.0, 6) == " 1e+06"
+
+
+# --- bad input: one line, non-zero, before any rank starts ---------------------------------------------------
+
+BAD = [
+    (["-g", "0"], {}, "the number of ranks must be at least 1"),
+    (["-g", "-3"], {}, "the number of ranks must be at least 1"),
+    (["-b", "1M", "-e", "1K"], {}, "is larger than -e"),
+    (["-n", "0"], {}, "timed iterations must be at least 1"),
+    (["-d", "float17"], {}, "unknown datatype 'float17' (choose from"),
+    (["--coll", "reduce", "-r", "5", "-g", "2"], {}, "the root must be a rank, 0 to 1"),
+    (["-g", "2", "-b", "64G", "-e", "64G"], {}, "GiB are available: lower -e"),
+    (["--json", "/nonexistent/x.json"], {}, "cannot write there"),
+    (["-g", "2"], {"NCCL_PROTO": "Bogus"}, "NCCL_PROTO"),
+    (["-g", "2"], {"NCCL_ALGO": "NVLS"}, "No algorithm/protocol available"),
+    (["-g", "2", "--nodes", "3"], {}, "--nodes 3: must be between 1 and"),
+    (["-b", "1Q"], {}, "'1Q' is not a size"),
+]
+
+
+@pytest.mark.parametrize("args,env,says", BAD, ids=[" ".join(a) + "".join(f" {k}" for k in e) for a, e, _ in BAD])
+def test_bad_input_is_one_line_before_ranks_start(args, env, says):
+    proc = subprocess.run([sys.executable, "-m", "collectives.ring", *args], env={**ENV, **env}, capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip() and not ln.startswith(("usage:", " "))]
+    assert len(lines) == 1 and says in lines[0], proc.stderr
+    assert proc.stdout == "", "nothing should start"
+
+
+def test_mpirun_size_and_nodes_are_checked_or_applied():
+    mpirun = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    bad = subprocess.run([mpirun, "-n", "3", sys.executable, "-m", "collectives.ring", "-g", "5", "-b", "1K", "-e",
+                          "1K"], env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert bad.returncode != 0 and bad.stderr.count("-g 5 but this job has 3 ranks") == 1, bad.stderr
+    ok = subprocess.run([mpirun, "-n", "4", sys.executable, "-m", "collectives.ring", "--nodes", "2", "-b", "1K",
+                         "-e", "1K", "-n", "1"], env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "nnodes 2" in ok.stdout and "Rank  3 Group  0" in ok.stdout and " device  1 [cpu] node 1" in ok.stdout
+
+
+def test_json_to_stdout_keeps_the_table_apart():
+    proc = subprocess.run([sys.executable, "-m", "collectives.ring", "-g", "2", "-b", "1K", "-e", "1K", "-n", "1",
+                           "--json", "-"], env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout)[0]["size"] == 1024
+    assert "# Out of bounds values : 0 OK" in proc.stderr
+
+
+def test_launcher_cli_runs_a_script(tmp_path):
+    script = tmp_path / "mine.py"
+    script.write_text("import numpy as np, collectives\n"
+                      "with collectives.Communicator() as c:\n"
+                      "    y = c.all_reduce(np.ones(3, np.float32))\n"
+                      "    print('rank', c.rank, 'of', c.nranks, 'nodes', c.nnodes, float(y[0]), flush=True)\n")
+    proc = subprocess.run([sys.executable, "-m", "collectives.launch", "-g", "3", "--nodes", "2", str(script)],
+                          env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("rank")) == \
+        [f"rank {r} of 3 nodes 2 3.0" for r in range(3)]
+    missing = subprocess.run([sys.executable, "-m", "collectives.launch", "-g", "2", "nope.py"], env=ENV,
+                             capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert missing.returncode == 2 and missing.stderr.strip() == "python -m collectives.launch: nope.py: no such file"
+
+
+def test_lab_help_deletes_nothing(tmp_path):
+    for args in (["--help"], ["main", "--help"]):
+        proc = subprocess.run([str(ROOT / "lab"), *args], capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert proc.returncode == 0 and proc.stdout.startswith("usage: ./lab main"), proc.stderr

@@ -31,7 +31,12 @@ GROUPS = {0: "", 1: "tree reduce", 2: "tree broadcast", 3: "proxy"}
 
 
 class CollectiveError(RuntimeError):
-    """A collective failed on this rank; the message names the rank, channel, step and peer concerned."""
+    """A collective failed on this rank; the message names the rank, channel, step and peer concerned.
+    ``secondary``: this rank only learnt that a peer failed (its abort flag); the peer reports the cause."""
+
+    def __init__(self, message: str, secondary: bool = False):
+        super().__init__(message)
+        self.secondary = secondary
 
 
 class Kernel:
