@@ -48,7 +48,7 @@ def check_all(comm, seed: int, dtype: str, count: int, colls: list[str], op: str
     funcs = {"allreduce": "AllReduce", "reducescatter": "ReduceScatter", "allgather": "AllGather",
              "broadcast": "Broadcast", "reduce": "Reduce"}
     for coll in colls:
-        kw = comm.reference_config(funcs[coll], count, dt)
+        kw = independent_config(comm, funcs[coll], count, dt)
         for in_place in (False, True):
             tag = f"{coll} {dtype} count={count} n={n} ch={comm.nchannels} rings={comm.rings} in_place={in_place}"
             if coll == "allreduce":
@@ -102,6 +102,24 @@ def check_all(comm, seed: int, dtype: str, count: int, colls: list[str], op: str
 ALL = ["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]
 
 
+def independent_config(comm, func: str, count: int, dt) -> dict:
+    """The reference's configuration, from the environment and NCCL's rules as ``reference`` writes them again:
+    channels, rings, thread count (so the channel shrink) and a forced protocol or algorithm.  Only the cost
+    model's automatic choice and the trees are taken from the communicator (tested on their own elsewhere)."""
+    if not hasattr(comm, "_test_hosts"):  # every rank's NCCL_HOSTID: which ranks share a node
+        comm._test_hosts = comm.bootstrap.allgather_obj(os.environ.get("NCCL_HOSTID", ""))
+    given = getattr(comm, "_test_rings", None)
+    search = getattr(comm, "_test_search_channels", None) or max(1, len(given or []))
+    own = reference.config_from_env(comm.nranks, search, given, comm._test_hosts)
+    chosen = comm.reference_config(func, count, dt)
+    for key in ("proto", "algo"):
+        if own[key] is not None and (key == "proto" or func == "AllReduce"):
+            assert chosen[key] == own[key], (func, count, key, chosen[key], own[key])
+    return {"rings": own["rings"], "nchannels": own["nchannels"], "search_channels": own["search_channels"],
+            "proto": own["proto"] or chosen["proto"], "algo": (own["algo"] if func == "AllReduce" else None)
+            or chosen["algo"], "trees": chosen["trees"]}
+
+
 def bitwise(args: list[str]) -> None:
     """bitwise CHANNELS RINGS(json or '') COUNTS(json) DTYPES(json) [COLLS(json)] [OPS(json)]"""
     nch = int(args[0])
@@ -111,6 +129,7 @@ def bitwise(args: list[str]) -> None:
     ops = json.loads(args[5]) if len(args) > 5 else ["sum"]
     seed = int.from_bytes(os.urandom(4), "little")
     with collectives.Communicator(rings=rings, nchannels=nch) as comm:
+        comm._test_rings, comm._test_search_channels = rings, nch  # what the test asked for
         seed = comm.bootstrap.allgather_obj(seed)[0]  # fresh inputs each run, the same on every rank
         for count in counts:
             for dtype in dtypes:
@@ -229,6 +248,31 @@ def auto_choice(args: list[str]) -> None:
         x = np.ones(1 << 16, np.float32)
         assert np.array_equal(comm.all_reduce(x), np.full_like(x, comm.nranks))
     print(f"rank {comm.rank} ok {sorted(protos)}", flush=True)
+
+
+def nan_minmax(args: list[str]) -> None:
+    """nan_minmax PROTOS(json): max and min of float32/float64/float16/bfloat16 inputs with NaNs (some elements
+    NaN on one rank, some on all), each protocol, bitwise against the reference (NaN dropped, two NaNs canonical)."""
+    for proto in json.loads(args[0]):
+        with collectives.Communicator(protocols=proto) as comm:
+            n, r = comm.nranks, comm.rank
+            for dtype in ("float32", "float64", "float16", "bfloat16"):
+                dt = DTYPES[dtype]
+                for count in (5, 1000, 70001):
+                    xs = inputs_for(count, n, count, dt)
+                    for q in range(n):
+                        xs[q][q::n + 1] = np.nan   # NaN on one rank only
+                        xs[q][n::n + 2] = np.nan   # NaN on every rank
+                    for op in ("max", "min"):
+                        kw = independent_config(comm, "AllReduce", count, dt)
+                        assert kw["proto"] == proto
+                        same(comm.all_reduce(xs[r].copy(), op=op), reference.all_reduce(xs, op, **kw),
+                             f"AllReduce {op} {dtype} {proto} count={count}")
+                        kw = independent_config(comm, "Reduce", count, dt)
+                        got = comm.reduce(xs[r].copy(), root=1, op=op)
+                        if r == 1:
+                            same(got, reference.reduce(xs, 1, op, **kw), f"Reduce {op} {dtype} {proto}")
+    print(f"rank {r} ok", flush=True)
 
 
 def tree_bitwise(args: list[str]) -> None:

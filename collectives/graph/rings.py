@@ -63,14 +63,17 @@ def setup_ring(order: list[int], rank: int) -> Ring:
 
 
 def ring_log_line(channel: int, nchannels: int, order: list[int]) -> str:
-    """``Channel %02d/%02d :`` then the ring from rank 0, width = digits of n-1, cut at 128 chars (NCCL >= 2.23)."""
+    """``dumpLine`` with prefix ``Channel %02d/%02d :``: the ring from rank 0, each rank as `` %*d`` (width = digits
+    of n-1), written into a 128-byte buffer; when it overflows, the last three characters that fit become ``...``
+    (so a truncated line is 127 characters)."""
     n = len(order)
     width = len(str(n - 1))
     pos0 = order.index(0)
     line = f"Channel {channel:02d}/{nchannels:02d} :"
     for i in range(n):
-        piece = f" {order[(pos0 + i) % n]:>{width}d}"
-        if len(line) + len(piece) > 124:
-            return line + " ..."
-        line += piece
-    return line
+        if len(line) >= 127:
+            break
+        line += f" {order[(pos0 + i) % n]:>{width}d}"
+    if len(line) >= 128:
+        return line[:124] + "..."
+    return line[:127]
