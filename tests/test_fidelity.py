@@ -327,3 +327,8 @@ def test_reference_config_is_derived_from_the_environment(monkeypatch):
     monkeypatch.setenv("NCCL_NTHREADS", "1000")      # not a multiple of 32: the maximum
     assert reference.ring_simple_threads(1) == 512
     json.dumps(cfg)
+
+
+def test_automatic_choice_across_nodes_follows_nccl_rules_written_again():
+    """workers._nccl_cpu_choice restates ncclTopoTuneModel's formulas for the CPU machine; 2 nodes x 2 ranks."""
+    run_ranks(4, "auto_choice", nodes=2)

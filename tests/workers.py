@@ -230,24 +230,76 @@ def traced_allreduce(args: list[str]) -> None:
         assert np.array_equal(comm.all_reduce(x), np.full_like(x, comm.nranks))
 
 
+def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, protos: set | None) -> tuple:
+    """(algo, proto) by NCCL's ncclTopoTuneModel / ncclTopoGetAlgoTime / topoGetAlgoInfo, written again here for
+    the lab's CPU machine (1 ring of 6 GB/s per search channel, path PHB, compute capability 0 so LL128 only when
+    NCCL_PROTO names it, AMD x86; measured constants: base latency LL 25.9, LL128 30.3, Simple 23.3 us, 3 us per
+    step).  NCCL's default tables restated: llMaxBws, perChMaxTreeBws, perChMaxRing/TreeLL128Bws.  Only the
+    tree correction factors are taken from the cost model (a table of NCCL constants, tested on its own)."""
+    from collectives.graph.cost_model import TREE_CORRECTION
+    f = np.float32
+    nsteps = {"AllReduce": 2 * (n - 1), "AllGather": n - 1, "ReduceScatter": n - 1}.get(func, n)
+    i2 = min(nodes - 1, 2)
+    ll_max = (39.0, 39.0, 20.4)[i2] if nodes == 1 else (87.7, 22.5, 19.0)[i2]
+    tree_max, ll128_max = (26.5, 18.5, 10.0)[i2], 20.0
+    base, hw = {"LL": 25.9, "LL128": 30.3, "Simple": 23.3}, 3.0
+    best, best_t = None, float("inf")
+    for algo in ("Tree", "Ring"):
+        if algo == "Tree" and func != "AllReduce":
+            continue
+        for p, proto in enumerate(("LL", "LL128", "Simple")):
+            if (protos is None and proto == "LL128") or (protos is not None and proto not in protos):
+                continue
+            bw = search * 6.0
+            if algo == "Ring" and proto == "LL":
+                bw = min(ll_max, bw * .5)
+            if algo == "Ring" and proto == "LL128":
+                bw = min(bw * .92, search * ll128_max)
+            if algo == "Tree":
+                bw = min(bw * .92, search * tree_max)
+                if proto == "LL":
+                    bw = min(bw / 3.8, ll_max)
+                if proto == "LL128":
+                    bw = min(bw * (7 / 9 if nodes == 1 else 120 / 128), search * ll128_max)
+            bw = f(f(bw) * f(n / nsteps if algo == "Ring" else .5))
+            lat = base[proto]
+            if algo == "Ring" and func in ("Reduce", "Broadcast"):
+                lat += hw
+            elif algo == "Ring":
+                intra = max(hw, (2.0 * (3 if proto == "Simple" else 1)) if nodes > 1 else 0.0)
+                inter_steps = 0 if nodes == 1 else (2 * (nodes - 1) if func == "AllReduce" else nodes - 1)
+                lat += (nsteps - inter_steps) * intra + inter_steps * hw
+            else:
+                lat += 2 * ((n // nodes - 1) * hw + (nodes.bit_length() - 1) * hw)
+            log_size = (nbytes >> 6).bit_length() - 1
+            if algo == "Tree" and 0 <= log_size < 23:
+                bw = f(bw * f(TREE_CORRECTION[p][log_size]))
+            if algo == "Ring" and proto == "Simple" and nodes > 1 and func == "AllReduce" and \
+                    nbytes // (2 * search * n) >= 64:
+                lat *= 1.9
+            t = float(f(f(lat) + f(f(nbytes) / f(1000 * bw))))
+            if t < best_t:
+                best, best_t = (algo, proto), t
+    return best
+
+
 def auto_choice(args: list[str]) -> None:
-    """The communicator's automatic (algo, proto) equals the cost model's for this lab's CPU preset."""
-    from collectives.graph.cost_model import CostModel
-    from collectives.graph.presets import cpu_lab
+    """The communicator's automatic (algo, proto) equals what NCCL's rules give on the lab's CPU machine."""
+    text = os.environ.get("NCCL_PROTO", "")
+    protos = {p for p in ("LL", "LL128", "Simple") if p.lower() in text.lower().split(",")} if text else None
     with collectives.Communicator() as comm:
-        model = CostModel(cpu_lab(comm.nranks, comm.nnodes, comm.nchannels // 2), os.environ.get("NCCL_PROTO", ""),
-                          os.environ.get("NCCL_ALGO", ""))
-        protos = set()
+        nodes = len(set(comm.bootstrap.allgather_obj(os.environ.get("NCCL_HOSTID", ""))))
+        chosen = set()
         for func, mult in (("AllReduce", 1), ("AllGather", comm.nranks), ("ReduceScatter", comm.nranks),
                            ("Broadcast", 1), ("Reduce", 1)):
             for count in [1, 7, 100, 4096, 65536, 1 << 20, 1 << 22, 1 << 24]:
                 plan = comm.plan(func, count, np.float32)
-                want = model.choose(func, 4 * count * mult)
-                assert (plan.algo, plan.proto) == want[:2], (func, count, plan.algo, plan.proto, want)
-                protos.add(plan.proto)
+                want = _nccl_cpu_choice(func, 4 * count * mult, comm.nranks, nodes, 1, protos)
+                assert (plan.algo, plan.proto) == want, (func, count, plan.algo, plan.proto, want)
+                chosen.add(plan.proto)
         x = np.ones(1 << 16, np.float32)
         assert np.array_equal(comm.all_reduce(x), np.full_like(x, comm.nranks))
-    print(f"rank {comm.rank} ok {sorted(protos)}", flush=True)
+    print(f"rank {comm.rank} ok {sorted(chosen)}", flush=True)
 
 
 def nan_minmax(args: list[str]) -> None:
