@@ -332,3 +332,64 @@ def test_reference_config_is_derived_from_the_environment(monkeypatch):
 def test_automatic_choice_across_nodes_follows_nccl_rules_written_again():
     """workers._nccl_cpu_choice restates ncclTopoTuneModel's formulas for the CPU machine; 2 nodes x 2 ranks."""
     run_ranks(4, "auto_choice", nodes=2)
+
+
+# --- real input as users paste it: nccl-tests output for `visualize curves` -------------------------------------
+
+from pathlib import Path  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+from conftest import FIXTURES, ROOT  # noqa: E402
+from visualize import curves, nccl_tests  # noqa: E402
+
+DATA = Path(__file__).parent / "data"
+
+
+def _rows(table):
+    return [(r.size, r.out_of_place["busbw"], r.in_place["wrong"]) for r in table.rows]
+
+
+def test_nccl_tests_with_launcher_prefixes_and_nccl_info_lines():
+    text = (DATA / "all_reduce_perf_218.txt").read_text()
+    want = [_rows(t) for t in nccl_tests.parse(text)]
+    assert [len(w) for w in want] == [9, 2]
+    info = "node01:12345:12399 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read"
+    for prefix in ("0: ", "[1,0]<stdout>:", "[1,0]<stdout>: "):
+        pasted = "\n".join(f"{prefix}{line}\n{prefix}{info}" if i % 3 == 0 else f"{prefix}{line}"
+                           for i, line in enumerate(text.splitlines()))
+        got = nccl_tests.parse(pasted)
+        assert [_rows(t) for t in got] == want, prefix
+        assert got[0].avg_busbw == pytest.approx(31.6178) and got[1].rows[0].in_place["wrong"] is None
+
+
+def test_nccl_tests_paste_from_using_devices_and_two_processes_interleaved():
+    lines = (DATA / "all_reduce_perf_218.txt").read_text().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("# Using devices"))
+    first = lines[start:lines.index("# Avg bus bandwidth    : 31.6178 ") + 1]
+    t = nccl_tests.parse("\n".join(first))
+    assert len(t) == 1 and len(t[0].rows) == 9 and t[0].hosts == {0: "node01", 1: "node01"}
+    assert t[0].shape == (1, 2)
+    other = [ln.replace("  0.00       0", "  0.00     N/A") for ln in first]   # a second rank's copy
+    mixed = [ln for pair in zip(first, other) for ln in pair]
+    got = nccl_tests.parse("\n".join(mixed))
+    assert len(got) == 2 and [len(x.rows) for x in got] == [9, 9]
+    assert [r.size for r in got[1].rows] == [r.size for r in t[0].rows]
+    assert got[1].rows[0].out_of_place["wrong"] is None and got[0].rows[0].out_of_place["wrong"] == 0
+
+
+def test_curve_legend_says_nodes_by_gpus():
+    assert curves.load_series(str(DATA / "all_reduce_perf_218.txt"))[0]["label"].endswith("(1 x 2 GPUs)")
+    real = FIXTURES / "nccl_tests" / "a3mega_2x8_h100_allreduce.txt"
+    if not real.exists():
+        pytest.skip("shared fixtures absent")
+    assert curves.load_series(str(real))[0]["label"] == "NCCL: a3mega_2x8_h100_allreduce.txt (2 x 8 GPUs)"
+
+
+def test_curves_on_a_file_without_a_table_is_one_line(tmp_path):
+    bad = tmp_path / "notes.txt"
+    bad.write_text("# nccl-tests version 2.13.9\nsomething went wrong before the first size\n")
+    proc = subprocess.run([sys.executable, "-m", "visualize", "curves", str(bad), "-o", str(tmp_path / "x.png")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.count("\n") == 1 and "no nccl-tests table" in proc.stderr

@@ -45,7 +45,11 @@ def main(argv=None) -> int:
     p.add_argument("-e", default="64M")
     a = p.parse_args(argv)
     if a.kind == "curves":
-        print(curves.plot(a.inputs, a.out, a.title))
+        try:
+            print(curves.plot(a.inputs, a.out, a.title))
+        except (ValueError, OSError) as exc:  # bad input: one line, no traceback
+            print(f"visualize curves: {exc}", file=sys.stderr)
+            return 2
     elif a.kind in ("topology", "trees", "flow"):
         meta, events = _trace(a.inputs[0])
         if a.kind == "topology":
