@@ -393,3 +393,69 @@ def test_curves_on_a_file_without_a_table_is_one_line(tmp_path):
                           cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1 and "no nccl-tests table" in proc.stderr
+
+
+# --- real input as users paste it: `--from-log` ---------------------------------------------------------------
+
+from collectives.graph.replay import replay  # noqa: E402
+
+LOG319 = DATA / "nccl_tests_319_2x8_h100_trees.log"
+LOG311 = DATA / "nccl_tests_311_4x2_a100_collnet_trees.log"
+
+
+def test_from_log_on_one_nodes_output():
+    """A user pastes node lccn09's lines only: every entry present is replayed; the missing ranks are named."""
+    lines = LOG319.read_text().splitlines()
+    first = next(ln.split(":")[0] for ln in lines if "NCCL INFO comm" in ln and " rank 0 " in ln)
+    one_node = "\n".join(ln for ln in lines if ln.startswith(first + ":"))
+    rep = replay(one_node)
+    assert rep["missing_ranks"] == list(range(8, 16)) and rep["nranks"] == 16 and rep["nnodes"] == 2
+    assert rep["matched"] == rep["entries"] == 8 * 16, rep["mismatches"][:3]
+    assert rep["inter_matched"] == rep["inter_links"] == 16
+    log = tmp_log(one_node)
+    proc = subprocess.run([sys.executable, "-m", "collectives.tree", "--from-log", log], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "# ranks not in the log: 8-15 (replaying the entries present)" in proc.stdout
+    assert "matched 128 of 128" in proc.stdout
+
+
+def tmp_log(text: str) -> str:
+    import tempfile
+    f = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
+    f.write(text)
+    f.close()
+    return f.name
+
+
+def test_from_log_with_several_communicators_takes_the_largest_or_comm():
+    both = LOG311.read_text() + "\n" + LOG319.read_text()
+    rep = replay(both)
+    assert [(c["nranks"], len(c["ranks"])) for c in rep["communicators"]] == [(8, 8), (16, 16)]
+    assert rep["nranks"] == 16 and rep["matched"] == rep["entries"] == 256
+    small = replay(both, comm=rep["communicators"][0]["id"])
+    assert small["nranks"] == 8 and small["matched"] == small["entries"] == 24
+    proc = subprocess.run([sys.executable, "-m", "collectives.graph.replay", tmp_log(both), "--comm", "x"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "no communicator 'x'" in proc.stderr
+
+
+def test_from_log_of_one_process_creating_two_communicators():
+    """The same processes create a 16-rank and then another 16-rank communicator (NCCL 2.30-style INIT log, no
+    GRAPH lines): lines are split by the communicator each process announced last."""
+    lines = [ln for ln in LOG319.read_text().splitlines() if not ln.startswith("#")]
+    second = [ln.replace("comm 0x", "comm 0xb") if "NCCL INFO comm" in ln else ln for ln in lines]
+    broken = [re.sub(r"->(\d+)->(-?\d+)", r"->\1->-1", ln) if "Trees" in ln else ln for ln in second]  # differs
+    rep = replay("\n".join(lines + broken))
+    assert len(rep["communicators"]) == 2 and rep["comm"] == "16-ranks#0"
+    assert rep["matched"] == rep["entries"] == 256
+
+
+def test_trees_line_cut_at_nccls_buffer_keeps_complete_entries():
+    """init.cc prints ``Trees%s`` from a 1024-byte buffer: with 64 channels the line stops mid-entry."""
+    from tracing.nccl_log import parse
+    entries = "".join(f" [{c}] 15/-1/-1->14->13" for c in range(64))[:1022]
+    log = parse("host:1:2 [6] NCCL INFO comm 0x1 rank 14 nRanks 16 nNodes 2 localRanks 8 localRank 6 MNNVL 0\n"
+                f"host:1:2 [6] NCCL INFO Trees{entries}\n")
+    n = entries.count("[") - 1
+    assert sorted(log.trees) == list(range(n)) and log.trees[n - 1][14] == (13, [15])
