@@ -160,7 +160,8 @@ class Communicator:
             if self.cost_model.algo_usable("AllReduce", "Tree"):
                 transport.connect_trees(self)
         self.tracer = tracer_from_env(self.rank, self.describe())
-        debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nranks {self.nranks} cudaDev {self.local_rank} "
+        debug.info("INIT", f"ncclCommInitRank comm {hex(id(self))} rank {self.rank} nranks {self.nranks} "
+                           f"cudaDev {self.local_rank} "
                            f"nvmlDev {self.local_rank} busId 0 commId {hex(uid.magic)} - Init COMPLETE")
 
     def _connect_status(self) -> None:

@@ -1,9 +1,10 @@
 """TCP helpers and interface choice (``src/misc/socket.cc``: ``ncclFindInterfaces``, ``ncclSocketConnect``).
 
 Framing is an 8-byte little-endian length then the payload.  Every blocking call has a deadline.
-Interface choice is NCCL's: ``NCCL_SOCKET_IFNAME`` if longer than one character; else an ``ib*`` interface, then,
-with ``NCCL_COMM_ID``, the one on the root's subnet, then any but ``docker``/``lo``/``virbr``, then those.  The lab's own
-single-machine runs (launcher, tests, main job) pass ``NCCL_COMM_ID=127.0.0.1:…`` or ``NCCL_SOCKET_IFNAME=lo``.
+Interface choice is NCCL's: ``NCCL_SOCKET_IFNAME`` if longer than one character; else an ``ib*`` interface,
+then, with ``NCCL_COMM_ID``, the one on the root's subnet, then any but ``docker``/``lo``/``virbr``, then those.
+The lab's own single-machine runs (launcher, tests, main job) pass ``NCCL_SOCKET_IFNAME=lo`` (on a machine with an
+``ib*`` interface, ``NCCL_COMM_ID`` alone no longer picks loopback, as in NCCL).
 """
 from __future__ import annotations
 

@@ -41,7 +41,7 @@ class NcclLog:
     trees: dict = field(default_factory=dict)            # channel -> {rank: (up, [down...])}
     host_of: dict = field(default_factory=dict)          # rank -> host (from the line prefix host:pid:tid)
     tree_lines: dict = field(default_factory=dict)       # rank -> line number of its Trees line
-    transports: dict = field(default_factory=dict)       # (channel, from, to) -> "P2P/CUMEM/read", "SHM/direct/direct", ...
+    transports: dict = field(default_factory=dict)       # (channel, from, to) -> "P2P/CUMEM/read", "SHM/direct", ...
     patterns: list = field(default_factory=list)         # (pattern, nChannels, bwIntra, bwInter, typeIntra, typeInter, channel lines)
     tree_graphs: dict = field(default_factory=dict)      # host -> (tree pattern 1|2|3, [[GPU ranks] per graph channel])
     comm: str = ""                                       # which communicator (commId, or "#k" by creation order)
