@@ -454,7 +454,8 @@ class Communicator:
         """What ``collectives.reference`` needs to reproduce this call (the protocol depends on its size)."""
         plan = self.plan(func, count, dtype)
         return {"rings": self.rings, "nchannels": self.nchannels, "proto": plan.proto, "algo": plan.algo,
-                "buffsize": self.buff_sizes[plan.proto], "trees": self.tree_table()}
+                "buffsize": self.buff_sizes[plan.proto], "trees": self.tree_table(),
+                "search_channels": self.machine.ring.n_channels}  # the reference applies NCCL's thread rule
 
     def tree_table(self) -> list[dict]:
         """Every channel's tree as plain data: ``[{rank: (up, [down...])}]`` (trace metadata, reference model)."""
