@@ -45,10 +45,13 @@ def env_int(name: str, default: int) -> int:
     if not raw:
         return default
     value, overflow = strtoll(raw)
+    ours = name.startswith("NCCLLAB_")  # NCCL logs its own parameters; our knobs stay quiet
     if overflow:
-        _log("ALL", f"Invalid value {raw} for {name}, using default {default}.")
+        if not ours:
+            _log("ALL", f"Invalid value {raw} for {name}, using default {default}.")
         return default
-    _log("ENV", f"{name} set by environment to {value}.")
+    if not ours:
+        _log("ENV", f"{name} set by environment to {value}.")
     return default if value == -2 else value
 
 

@@ -241,10 +241,12 @@ def test_ring_line_truncates_as_dumpline():
 @pytest.mark.parametrize("raw,want", [("010", 8), ("0x10", 16), ("12abc", 12), (" 7", 7), ("abc", 0), ("-2", 99),
                                       ("+5", 5), ("99999999999999999999", 99)])
 def test_integers_are_read_as_strtoll(nccl_log, monkeypatch, raw, want):
-    monkeypatch.setenv("NCCLLAB_X", raw)
-    assert param.env_int("NCCLLAB_X", 99) == want
+    monkeypatch.setenv("NCCL_LAB_TEST_X", raw)
+    assert param.env_int("NCCL_LAB_TEST_X", 99) == want
     if raw.startswith("9999"):
-        assert f"NCCL INFO Invalid value {raw} for NCCLLAB_X, using default 99." in nccl_log()
+        assert f"NCCL INFO Invalid value {raw} for NCCL_LAB_TEST_X, using default 99." in nccl_log()
+    else:
+        assert f"NCCL INFO NCCL_LAB_TEST_X set by environment to {want if raw != '-2' else -2}." in nccl_log()
 
 
 def test_max_nchannels_zero_is_one(nccl_log, monkeypatch):

@@ -121,8 +121,15 @@ def max_threads(ring_bw_intra: float, ring_nchannels: int) -> dict[tuple[str, st
 
 
 def protocol_table(text: str | None = None) -> dict[str, dict[str, bool]]:
-    return parse_list(os.environ.get("NCCL_PROTO", "") if text is None else text, PROTOS, "NCCL_PROTO")
+    return _table("NCCL_PROTO", text, PROTOS)
 
 
 def algorithm_table(text: str | None = None) -> dict[str, dict[str, bool]]:
-    return parse_list(os.environ.get("NCCL_ALGO", "") if text is None else text, ALGOS, "NCCL_ALGO")
+    return _table("NCCL_ALGO", text, ALGOS)
+
+
+def _table(var: str, text: str | None, elems: tuple) -> dict[str, dict[str, bool]]:
+    env = os.environ.get(var)
+    if env is not None and (text is None or text == env):
+        debug.info("ENV", f"{var} set by environment to {env}")  # ncclTopoTuneModel, every rank
+    return parse_list((env or "") if text is None else text, elems, var)
