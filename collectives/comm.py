@@ -40,14 +40,16 @@ from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 from .graph.rings import Ring, parse_rings, ring_log_line, ring_orders, setup_ring
 from .graph.trees import TreeNode, channel_trees, tree_pattern, trees_log_line
-from .param import MAXCHANNELS, env_int, env_str, timeout_s
+from .param import MAXCHANNELS, env_int, env_str, max_nchannels, min_nchannels, timeout_s
 from .status import FUNC_CODES, StatusPage, describe
 
 DEFAULT_NCHANNELS_CPU = 1  # measured: on 2 cores one channel streams best (README); NCCL derives it from its topology search
 # computeBuffSizes (src/init.cc): LL 8 lines/thread * 512 threads * 8 steps * 16 B; LL128 120 * 640 * 8 * 8; Simple 4 MiB
 DEFAULT_BUFF_SIZES = {"LL": 524288, "LL128": 4915200, "Simple": 1 << 22}
 BUFF_ENV = {"LL": "NCCL_LL_BUFFSIZE", "LL128": "NCCL_LL128_BUFFSIZE", "Simple": "NCCL_BUFFSIZE"}
-BUFF_UNIT = {"LL": 8 * 16, "LL128": 8 * 2048, "Simple": 8 * 4096}  # 8 slots of whole lines / slices / pages
+# Smallest size that still gives every collective one chunk (LL: a 16-byte grain, LL128: one 2048-byte slice, Simple:
+# a 512-byte grain for Broadcast's one-step chunk).  NCCL accepts any value and would divide by a zero chunk below.
+BUFF_MIN = {"LL": 8 * 32, "LL128": 8 * 2048, "Simple": 8 * 512}
 
 
 @dataclass
@@ -105,8 +107,8 @@ class Communicator:
         nch = min(nchannels or max(DEFAULT_NCHANNELS_CPU, len(rings or [])), MAXCHANNELS // 2)
         self.buff_sizes = {p: env_int(BUFF_ENV[p], DEFAULT_BUFF_SIZES[p]) for p in DEFAULT_BUFF_SIZES}
         for p, size in self.buff_sizes.items():
-            if size <= 0 or size % BUFF_UNIT[p]:
-                raise ValueError(f"{BUFF_ENV[p]}={size} must be a positive multiple of {BUFF_UNIT[p]}")
+            if size < BUFF_MIN[p]:
+                raise ValueError(f"{BUFF_ENV[p]}={size} is too small: {p} needs at least {BUFF_MIN[p]} bytes")
         proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
         algo_text = algorithms if algorithms is not None else os.environ.get("NCCL_ALGO", "")
         self._proto_text, self._algo_text = proto_text, algo_text
@@ -116,8 +118,7 @@ class Communicator:
         self.host_hash = sockets.host_hash()
         info = {"rank": self.rank, "host_hash": self.host_hash, "pid": os.getpid(), "host": socket.gethostname(),
                 "nchannels": max(1, nch), "buff_sizes": self.buff_sizes,
-                "max_channels": env_int("NCCL_MAX_NCHANNELS", env_int("NCCL_MAX_NRINGS", MAXCHANNELS)),
-                "min_channels": env_int("NCCL_MIN_NCHANNELS", env_int("NCCL_MIN_NRINGS", 0)), "tag": my_tag,
+                "max_channels": max_nchannels(), "min_channels": min_nchannels(), "tag": my_tag,
                 "rings": rings, "proto": proto_text.strip().lower(), "algo": algo_text.strip().lower(),
                 "tree_pattern": tree_pattern()}
         self.peer_info = self.bootstrap.allgather_obj(info)
@@ -141,12 +142,13 @@ class Communicator:
         self.channels = self._postset(ring_orders(self.nranks, base, self.peer_info[0]["rings"],
                                                   node_of=self.node_of_rank))
         self.nchannels = len(self.channels)
-        self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes,
-                                             nthreads=env_int("NCCL_NTHREADS", 512), nnodes=self.nnodes)
         self.machine = cpu_lab(self.nranks, self.nnodes, base, self.nchannels)
+        self.max_threads = tuning.max_threads(self.machine.ring.bw_intra, self.machine.ring.n_channels)
+        self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes, nnodes=self.nnodes,
+                                             max_threads=self.max_threads)
         self.cost_model = CostModel(self.machine, self._proto_text, self._algo_text)
         if self.rank == 0:
-            for line in self.cost_model.tuning_lines():
+            for line in self.cost_model.tuning_lines(self.max_threads):
                 debug.info("TUNING", line)
         debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nRanks {self.nranks} nNodes {self.nnodes} "
                            f"localRanks {len(self.local_ranks)} localRank {self.local_rank} MNNVL 0")
@@ -162,7 +164,8 @@ class Communicator:
             if self.cost_model.algo_usable("AllReduce", "Tree"):
                 transport.connect_trees(self)
         self.tracer = tracer_from_env(self.rank, self.describe())
-        debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nranks {self.nranks} cudaDev {self.local_rank} "
+        debug.info("INIT", f"ncclCommInitRank comm {hex(id(self))} rank {self.rank} nranks {self.nranks} "
+                           f"cudaDev {self.local_rank} "
                            f"nvmlDev {self.local_rank} busId 0 commId {hex(uid.magic)} - Init COMPLETE")
 
     def _connect_status(self) -> None:
@@ -339,6 +342,9 @@ class Communicator:
     def _run(self, func: str, send, recv, count: int, redop: RedOp, root: int) -> None:
         plan = self.plan(func, count, send.dtype)
         proto = plan.proto
+        if self.rank == 0:  # scheduleCollTasksToPlan, every call: count x type size
+            debug.info("TUNING", f"{func}: {count * send.itemsize} Bytes -> Algo {plan.algo} proto {proto} "
+                                 f"channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}}")
         if debug.enabled("TRACE", "COLL"):
             debug.trace("COLL", f"Collective {func} count={count} channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}} "
                                 f"parts={[w.part_count for w in plan.works]} chunkCount={plan.works[0].chunk_count}")
@@ -503,8 +509,9 @@ class Communicator:
                 self._plans.clear()
             nbytes = key[2] * enqueue.max_send_recv_count(func, self.nranks, count)
             algo, proto, predicted = self.cost_model.choose(func, nbytes)
-            if self.rank == 0:
-                debug.info("TUNING", f"{func} {nbytes} Bytes -> Algo {algo} proto {proto} time {predicted:f}")
+            if debug.enabled("TRACE", "COLL"):  # topoGetAlgoInfo prints the ids
+                debug.trace("COLL", f"{nbytes} Bytes -> Algo {enqueue.ALGOS.index(algo)} proto "
+                                    f"{enqueue.PROTOS.index(proto)} time {predicted:f}")
             plan = self._plans[key] = enqueue.schedule_coll(self.tuning, func, count, key[2], algo, proto)
         return plan
 
@@ -512,7 +519,8 @@ class Communicator:
         """What ``collectives.reference`` needs to reproduce this call (the protocol depends on its size)."""
         plan = self.plan(func, count, dtype)
         return {"rings": self.rings, "nchannels": self.nchannels, "proto": plan.proto, "algo": plan.algo,
-                "buffsize": self.buff_sizes[plan.proto], "trees": self.tree_table()}
+                "buffsize": self.buff_sizes[plan.proto], "trees": self.tree_table(),
+                "search_channels": self.machine.ring.n_channels}  # the reference applies NCCL's thread rule
 
     def tree_table(self) -> list[dict]:
         """Every channel's tree as plain data: ``[{rank: (up, [down...])}]`` (trace metadata, reference model)."""

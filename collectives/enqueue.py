@@ -50,16 +50,20 @@ class Tuning:
 
 
 def default_tuning(nranks: int, nchannels: int, buff_sizes: dict, nthreads: int = 512,
-                   ll128_nthreads: int = 640, nnodes: int = 1) -> Tuning:
-    max_threads, thresholds = {}, {}
+                   ll128_nthreads: int = 640, nnodes: int = 1, max_threads: dict | None = None) -> Tuning:
+    """``max_threads``: ``graph.tuning.max_threads`` (NCCL's ``comm->maxThreads``); without it every Ring/Tree row
+    gets ``nthreads`` (LL128: ``ll128_nthreads``)."""
+    threads, thresholds = {}, {}
     for algo in ALGOS:
-        max_threads[(algo, "Simple")] = nthreads
-        max_threads[(algo, "LL")] = nthreads
-        max_threads[(algo, "LL128")] = ll128_nthreads
+        threads[(algo, "Simple")] = nthreads
+        threads[(algo, "LL")] = nthreads
+        threads[(algo, "LL128")] = ll128_nthreads
         thresholds[(algo, "LL")] = 8 * (nranks if algo == "Ring" else 1)  # NCCL_LL_THREAD_THRESHOLD
         thresholds[(algo, "LL128")] = 8                                     # NCCL_LL128_THREAD_THRESHOLD
         thresholds[(algo, "Simple")] = 64                                   # NCCL_SIMPLE_THREAD_THRESHOLD
-    return Tuning(nranks, nchannels, dict(buff_sizes), max_threads, thresholds, nnodes)
+    if max_threads:
+        threads.update({k: v for k, v in max_threads.items() if k[0] in ALGOS})
+    return Tuning(nranks, nchannels, dict(buff_sizes), threads, thresholds, nnodes)
 
 
 def topo_get_algo_info(t: Tuning, algo: str, proto: str, nbytes: int) -> tuple[int, int]:

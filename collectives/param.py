@@ -13,16 +13,79 @@ DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_WARN_AFTER_S = 5.0
 
 
+def strtoll(text: str) -> tuple[int, bool]:
+    """C's ``strtoll(text, NULL, 0)``: leading blanks and a sign, then ``0x`` hex, ``0`` octal or decimal digits,
+    stopping at the first character that does not fit (``"12abc"`` is 12, ``"abc"`` is 0, ``"010"`` is 8).
+    Returns (value, overflowed); on overflow the value is clamped as C does and ``errno`` would be ERANGE."""
+    s = text.lstrip(" \t\n\v\f\r")
+    sign = 1
+    if s[:1] in ("+", "-"):
+        sign, s = (-1 if s[0] == "-" else 1), s[1:]
+    base = 10
+    if s[:2].lower() == "0x" and len(s) > 2 and s[2] in "0123456789abcdefABCDEF":
+        base, s = 16, s[2:]
+    elif s[:1] == "0":
+        base = 8
+    digits = "0123456789abcdef"[:base]
+    n = 0
+    while n < len(s) and s[n].lower() in digits:
+        n += 1
+    value = sign * int(s[:n], base) if n else 0
+    lo, hi = -(1 << 63), (1 << 63) - 1
+    if value > hi or value < lo:
+        return (hi if value > hi else lo), True
+    return value, False
+
+
 def env_int(name: str, default: int) -> int:
-    """Integer env var; unset, empty or -2 gives ``default`` (NCCL's ``NCCL_PARAM`` convention)."""
-    raw = os.environ.get(name, "").strip()
+    """``ncclLoadParam``: an integer variable read as ``strtoll(str, NULL, 0)`` reads it, so ``010`` is octal and
+    ``12abc`` is 12; unset or empty gives ``default``; an out-of-range value falls back to ``default`` with NCCL's
+    INFO line (NCCL_ALL).  ``-2`` is NCCL's "unset" value and also gives ``default`` (``NCCL_PARAM``'s convention,
+    which NCCL applies at each use site)."""
+    raw = os.environ.get(name, "")
     if not raw:
         return default
-    try:
-        value = int(raw, 0)
-    except ValueError as exc:
-        raise ValueError(f"{name}={raw!r} is not an integer") from exc
+    value, overflow = strtoll(raw)
+    ours = name.startswith("NCCLLAB_")  # NCCL logs its own parameters; our knobs stay quiet
+    if overflow:
+        if not ours:
+            _log("ALL", f"Invalid value {raw} for {name}, using default {default}.")
+        return default
+    if not ours:
+        _log("ENV", f"{name} set by environment to {value}.")
     return default if value == -2 else value
+
+
+_logged: set = set()
+
+
+def _log(subsys: str, msg: str) -> None:
+    """Once per distinct line, as NCCL caches each parameter after its first read."""
+    if msg in _logged:
+        return
+    _logged.add(msg)
+    from tracing import debug  # tracing imports none of ours; imported here so param stays importable alone
+    debug.info(subsys, msg)
+
+
+def min_nchannels() -> int:
+    """``ncclMinNchannels`` (``src/graph/connect.cc``): NCCL_MIN_NCHANNELS, else NCCL_MIN_NRINGS, else 0; above
+    MAXCHANNELS limited with NCCL's INFO line, below 0 taken as 0."""
+    value = env_int("NCCL_MIN_NCHANNELS", env_int("NCCL_MIN_NRINGS", 0))
+    if value > MAXCHANNELS:
+        _log("GRAPH|ENV", f"User asked for a minimum of {value} channels, limiting to {MAXCHANNELS}")
+        value = MAXCHANNELS
+    return max(0, value)
+
+
+def max_nchannels() -> int:
+    """``ncclMaxNchannels``: NCCL_MAX_NCHANNELS, else NCCL_MAX_NRINGS, else MAXCHANNELS; at most MAXCHANNELS, and
+    below 1 (``NCCL_MAX_NCHANNELS=0``) set to 1 with NCCL's INFO line."""
+    value = min(env_int("NCCL_MAX_NCHANNELS", env_int("NCCL_MAX_NRINGS", MAXCHANNELS)), MAXCHANNELS)
+    if value < 1:
+        _log("GRAPH|ENV", f"User asked for a maximum of {value} channels, setting it to 1")
+        value = 1
+    return value
 
 
 def env_str(name: str, default: str = "") -> str:

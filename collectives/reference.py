@@ -1,18 +1,22 @@
 """NCCL-order reference model: what NCCL 2.30's ring collectives return, bit for bit, in plain numpy.
 
-It takes every rank's input, the ring of each channel, the communicator's channel count and the protocol, and
-rebuilds from NCCL_FACTS §1.5, §3.1-3.5 and §5.1 (written independently of ``enqueue.py`` and ``device/``, which it
-checks): the channel shrinking of ``topoGetAlgoInfo``, the CBD split of ``scheduleCollTasksToPlan``, the chunk of
-``calcCollChunking``, the last-loop chunk of ``runRing``, and the summation order:
+It takes every rank's input, the ring of each channel, the channel count and the protocol, and rebuilds from
+NCCL_FACTS §1.5, §3.1-3.5 and §5.1 (written independently of ``enqueue.py`` and ``device/``, which it checks): the
+thread count of ``ncclTopoTuneModel``, the channel shrinking of ``topoGetAlgoInfo``, the CBD split of
+``scheduleCollTasksToPlan``, the chunk of ``calcCollChunking``, the last-loop chunk of ``runRing``, and the
+summation order.  ``config_from_env`` derives channels, rings and a forced protocol from the environment alone, so
+that a wrong choice in the communicator is caught rather than copied:
 
 * Ring AllReduce chunk owned by ring position c: ``((x[c+1] + x[c+2]) + ... + x[c+n-1]) + x[c]``;
 * Tree AllReduce (NCCL_FACTS §4.1), every element of channel c: ``S(root)`` of that channel's tree, where
   ``S(v) = ((x[v] + S(down0)) + S(down1)) + S(down2)``; the chunking does not change the order;
 * ReduceScatter block of rank r and Reduce to root r: the same walk, starting after r and ending with r;
-* Avg: floats pre-multiply each input by ``1/n`` in the element type; integers divide the sum, truncating.
+* Avg: floats pre-multiply each input by ``1/n`` in the element type; integers divide the sum, truncating;
+* Min/Max of floats: a NaN operand is dropped, two NaNs give the canonical NaN (``fmaxf``, ``__hmax``).
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import ml_dtypes
@@ -20,21 +24,104 @@ import numpy as np
 
 _STEP_BYTES = {"Simple": 1 << 22, "LL": 1 << 19, "LL128": 4915200}
 _GRAIN = {"Simple": 512, "LL": 16, "LL128": 1920}
-_FN = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "avg": np.add}
+
+
+def _gpu_minmax(pick_larger: bool):
+    """NCCL's float min/max (``fmaxf``/``fminf``, ``fmax``/``fmin``, ``__hmax``/``__hmin``): a NaN loses to a
+    number; two NaNs give the type's canonical NaN (sign 0, every exponent and mantissa bit set).  Integers: a plain
+    comparison."""
+    def fn(a, b):
+        a, b = np.asarray(a), np.asarray(b)
+        if a.dtype.kind in "iu":
+            return np.maximum(a, b) if pick_larger else np.minimum(a, b)
+        wide_a, wide_b = a.astype(np.float64), b.astype(np.float64)
+        a_nan, b_nan = np.isnan(wide_a), np.isnan(wide_b)
+        better = wide_a >= wide_b if pick_larger else wide_a <= wide_b  # ties keep the first (no signed-zero rule)
+        out = np.where(b_nan | (~a_nan & better), a, b).astype(a.dtype)
+        both = a_nan & b_nan
+        if both.any():
+            ubits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]
+            out.view(ubits)[both] = ubits((1 << (8 * a.dtype.itemsize - 1)) - 1)
+        return out
+    return fn
+
+
+_FN = {"sum": np.add, "prod": np.multiply, "max": _gpu_minmax(True), "min": _gpu_minmax(False), "avg": np.add}
 
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+# What the lab's CPU "topology search" finds: one ring channel of 6 GB/s (stated in the README); NCCL's PCI_BW.
+CPU_RING_BW, PCI_BW = 6.0, 12.0
+
+
+def _threads_from_env(name: str, lo: int, hi: int, default: int) -> int:
+    """NCCL's rule for NCCL_NTHREADS / NCCL_LL128_NTHREADS: unset or <= 0 gives the default, a value that is not a
+    multiple of a warp (32) gives the maximum, then clamp into [lo, hi]."""
+    raw = os.environ.get(name, "").strip()
+    value = int(raw, 8 if raw.startswith("0") and raw[1:].isdigit() else 0) if raw else -2
+    if value <= 0:
+        return default
+    if value % 32:
+        return hi
+    return min(hi, max(lo, value))
+
+
+def ring_simple_threads(search_channels: int, ring_bw: float = CPU_RING_BW) -> int:
+    """Ring/Simple's thread count: 256 when the ring (bandwidth x search channels) is no faster than PCI_BW, else
+    512, unless NCCL_NTHREADS says otherwise."""
+    slow = float(np.float32(ring_bw) * np.float32(search_channels)) <= PCI_BW
+    return _threads_from_env("NCCL_NTHREADS", 64, 512, 256 if slow else 512)
+
+
+def _threads(proto: str, algo: str, search_channels: int | None) -> int:
+    if proto == "LL128":
+        return _threads_from_env("NCCL_LL128_NTHREADS", 160, 640, 640)
+    if proto == "Simple" and algo == "Ring" and search_channels is not None:
+        return ring_simple_threads(search_channels)
+    return _threads_from_env("NCCL_NTHREADS", 64, 512, 512)
+
+
+def config_from_env(nranks: int, search_channels: int = 1, rings: list[list[int]] | None = None,
+                    hosts: list | None = None) -> dict:
+    """What a test can know without asking the communicator: the channel count (search channels, doubled, then
+    NCCL_MAX_NCHANNELS clamps to 1..64 and NCCL_MIN_NCHANNELS copies), the ring of each channel (given, or
+    NCCLLAB_RINGS, or each host's ranks in order, host after host, ``hosts`` being every rank's NCCL_HOSTID), and
+    the protocol or algorithm when NCCL_PROTO / NCCL_ALGO name exactly one (else the cost model chooses)."""
+    def env_count(*names, default):
+        for name in names:
+            raw = os.environ.get(name, "").strip()
+            if raw and int(raw, 0) != -2:
+                return int(raw, 0)
+        return default
+    doubled = 2 * search_channels if 2 * search_channels <= 64 else search_channels
+    nch = min(doubled, max(1, min(64, env_count("NCCL_MAX_NCHANNELS", "NCCL_MAX_NRINGS", default=64))))
+    nch = max(nch, min(64, env_count("NCCL_MIN_NCHANNELS", "NCCL_MIN_NRINGS", default=0)))
+    if rings is None and os.environ.get("NCCLLAB_RINGS", "").strip():
+        rings = [[int(r) for r in part.replace(",", " ").split()]
+                 for part in os.environ["NCCLLAB_RINGS"].split("|") if part.strip()]
+    if not rings:
+        first_seen = {h: i for i, h in reversed(list(enumerate(hosts or [None] * nranks)))}
+        rings = [sorted(range(nranks), key=lambda r: (first_seen[(hosts or [None] * nranks)[r]], r))]
+    copies = [rings[c % len(rings)] for c in range(min(doubled, nch))]
+    copies += [copies[c % len(copies)] for c in range(len(copies), nch)]
+    single = lambda var, names: next((n for n in names if os.environ.get(var, "").lower() == n.lower()), None)  # noqa
+    return {"nchannels": nch, "rings": [list(r) for r in copies], "search_channels": search_channels,
+            "proto": single("NCCL_PROTO", ("LL", "LL128", "Simple")), "algo": single("NCCL_ALGO", ("Ring", "Tree"))}
+
+
 def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, proto: str = "Simple",
-                  buffsize: int | None = None, algo: str = "Ring", nnodes: int = 1) -> list[tuple[int, int, int]]:
-    """[(start, length, chunkCount)] per channel, in elements of size ``elt``."""
+                  buffsize: int | None = None, algo: str = "Ring", nnodes: int = 1, threads: int | None = None,
+                  search_channels: int | None = None) -> list[tuple[int, int, int]]:
+    """[(start, length, chunkCount)] per channel, in elements of size ``elt``.  ``threads``: the protocol's thread
+    count, else derived (``search_channels`` given: NCCL's rule for this ring; not given: the maxima)."""
     if count == 0:
         return []
     per_byte = {"AllReduce": 2, "AllGather": nranks, "ReduceScatter": nranks}.get(func, 1)
     moved = count * elt * (nranks if func in ("AllGather", "ReduceScatter") else 1)
-    nthreads = 640 if proto == "LL128" else 512
+    nthreads = threads or _threads(proto, algo, search_channels)
     threshold = {"Simple": 64, "LL128": 8, "LL": 8 * nranks if algo == "Ring" else 8}[proto]
     usable = nchannels
     while usable > 1 and moved < usable * nthreads * threshold:
@@ -57,7 +144,9 @@ def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, 
         last, mids = cells_each, mids - 1
     sizes = [first * per_cell] + [cells_each * per_cell] * mids + ([last * per_cell] if last else [])
     sizes[-1] -= ncells * per_cell - count
-    step = (buffsize or _STEP_BYTES[proto]) // 8
+    var = {"Simple": "NCCL_BUFFSIZE", "LL": "NCCL_LL_BUFFSIZE", "LL128": "NCCL_LL128_BUFFSIZE"}[proto]
+    raw = os.environ.get(var, "").strip()
+    step = (buffsize or (int(raw, 0) if raw else _STEP_BYTES[proto])) // 8
     if proto == "Simple":
         ring_func = algo == "Ring" and func in ("AllReduce", "AllGather", "ReduceScatter")
         chunk_bytes = step * (4 if ring_func else 1)
@@ -122,8 +211,8 @@ def _tree_sum(inputs, tree: dict, v: int, sl: slice, op: str, n: int) -> np.ndar
 
 def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[int]] | None = None,
                nchannels: int = 1, proto: str = "Simple", buffsize: int | None = None, algo: str = "Ring",
-               trees: list[dict] | None = None) -> np.ndarray:
-    """``trees`` (Tree only): per channel ``{rank: (up, [down...])}``."""
+               trees: list[dict] | None = None, search_channels: int | None = None) -> np.ndarray:
+    """``trees`` (Tree only): per channel ``{rank: (up, [down...])}``; ``search_channels``: see ``channel_parts``."""
     n = len(inputs)
     x0 = np.asarray(inputs[0])
     out = np.empty_like(x0)
@@ -131,7 +220,8 @@ def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[i
         return _postdiv(_premul(x0.copy(), op, 1), op, 1)
     if algo == "Tree":
         for c, (start, length, _) in enumerate(channel_parts("AllReduce", x0.size, x0.itemsize, n, nchannels,
-                                                            proto, buffsize, "Tree")):
+                                                            proto, buffsize, "Tree",
+                                                            search_channels=search_channels)):
             tree = {int(r): v for r, v in trees[c].items()}
             root = next(r for r, (up, _) in tree.items() if up == -1)
             sl = slice(start, start + length)
@@ -139,7 +229,7 @@ def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[i
         return out
     rings = rings or [list(range(n))]
     for c, (start, length, chunk) in enumerate(channel_parts("AllReduce", x0.size, x0.itemsize, n, nchannels,
-                                                            proto, buffsize)):
+                                                            proto, buffsize, search_channels=search_channels)):
         pos = _positions(rings[c % len(rings)])
         loop = n * chunk
         for lo in range(0, length, loop):
@@ -163,7 +253,8 @@ def _along_ring_ending_at(ring: Sequence[int], last: int) -> list[int]:
 
 def reduce_scatter(inputs: Sequence[np.ndarray], rank: int, op: str = "sum",
                    rings: list[list[int]] | None = None, nchannels: int = 1, proto: str = "Simple",
-                   buffsize: int | None = None, algo: str = "Ring", trees=None) -> np.ndarray:
+                   buffsize: int | None = None, algo: str = "Ring", trees=None,
+                   search_channels: int | None = None) -> np.ndarray:
     n = len(inputs)
     x0 = np.asarray(inputs[0])
     count = x0.size // n
@@ -172,7 +263,7 @@ def reduce_scatter(inputs: Sequence[np.ndarray], rank: int, op: str = "sum",
     if n == 1:
         return _postdiv(_premul(x0[:count].copy(), op, 1), op, 1)
     for c, (start, length, _) in enumerate(channel_parts("ReduceScatter", count, x0.itemsize, n, nchannels,
-                                                        proto, buffsize)):
+                                                        proto, buffsize, search_channels=search_channels)):
         order = _along_ring_ending_at(rings[c % len(rings)], rank)
         sl = slice(rank * count + start, rank * count + start + length)
         out[start:start + length] = _walk(inputs, order, sl, op, n)
@@ -181,7 +272,7 @@ def reduce_scatter(inputs: Sequence[np.ndarray], rank: int, op: str = "sum",
 
 def reduce(inputs: Sequence[np.ndarray], root: int, op: str = "sum", rings: list[list[int]] | None = None,
            nchannels: int = 1, proto: str = "Simple", buffsize: int | None = None, algo: str = "Ring",
-           trees=None) -> np.ndarray:
+           trees=None, search_channels: int | None = None) -> np.ndarray:
     n = len(inputs)
     x0 = np.asarray(inputs[0])
     if n == 1:
@@ -189,7 +280,7 @@ def reduce(inputs: Sequence[np.ndarray], root: int, op: str = "sum", rings: list
     rings = rings or [list(range(n))]
     out = np.empty_like(x0)
     for c, (start, length, _) in enumerate(channel_parts("Reduce", x0.size, x0.itemsize, n, nchannels, proto,
-                                                        buffsize)):
+                                                        buffsize, search_channels=search_channels)):
         sl = slice(start, start + length)
         out[sl] = _walk(inputs, _along_ring_ending_at(rings[c % len(rings)], root), sl, op, n)
     return out

@@ -1,9 +1,10 @@
 """TCP helpers and interface choice (``src/misc/socket.cc``: ``ncclFindInterfaces``, ``ncclSocketConnect``).
 
 Framing is an 8-byte little-endian length then the payload.  Every blocking call has a deadline.
-Interface choice is NCCL's: ``NCCL_SOCKET_IFNAME`` if set; else, with ``NCCL_COMM_ID``, the interface on the
-same subnet as the root; else an ``ib*`` interface, then any but ``docker*``/``lo``, then those.  The lab's own
-single-machine runs (launcher, tests, main job) pass ``NCCL_COMM_ID=127.0.0.1:…`` or ``NCCL_SOCKET_IFNAME=lo``.
+Interface choice is NCCL's: ``NCCL_SOCKET_IFNAME`` if longer than one character; else an ``ib*`` interface,
+then, with ``NCCL_COMM_ID``, the one on the root's subnet, then any but ``docker``/``lo``/``virbr``, then those.
+The lab's own single-machine runs (launcher, tests, main job) pass ``NCCL_SOCKET_IFNAME=lo`` (on a machine with an
+``ib*`` interface, ``NCCL_COMM_ID`` alone no longer picks loopback, as in NCCL).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import socket
 import struct
 import time
 
-from .param import env_str
+from .param import env_int, env_str
 
 _SIOCGIFADDR = 0x8915
 _SIOCGIFNETMASK = 0x891B
@@ -51,27 +52,60 @@ def _match_prefix(name: str, spec: str) -> bool:
     return hit != exclude
 
 
-def find_interface() -> tuple[str, str]:
-    """Pick (ifname, address) for bootstrap and sockets, following ``ncclFindInterfaces``' order of rules."""
-    ifs = interfaces()
-    spec = env_str("NCCL_SOCKET_IFNAME")
-    if spec:
+def find_interface(ifs: list[tuple[str, str, str]] | None = None) -> tuple[str, str]:
+    """Pick (ifname, address) for bootstrap and sockets, in ``ncclFindInterfaces``' order: ``NCCL_SOCKET_IFNAME``
+    when it is longer than one character (a one-character value is ignored, as NCCL ignores it); else ``ib*``,
+    then the interface on ``NCCL_COMM_ID``'s subnet, then anything but ``docker``/``lo``/``virbr``, then
+    ``docker``, then ``lo``, then ``virbr``.  ``ifs``: (name, address, netmask) rows, default this machine's."""
+    ifs = interfaces() if ifs is None else ifs
+    spec = os.environ.get("NCCL_SOCKET_IFNAME", "")
+    if len(spec) > 1:
         for name, addr, _ in ifs:
             if _match_prefix(name, spec):
                 return name, addr
         raise BootstrapError(f"NCCL_SOCKET_IFNAME={spec}: no interface matches (have {[i[0] for i in ifs]})")
-    comm_id = env_str("NCCL_COMM_ID")
-    if comm_id:
+    for name, addr, _ in ifs:
+        if _match_prefix(name, "ib"):
+            return name, addr
+    comm_id = os.environ.get("NCCL_COMM_ID", "")
+    if len(comm_id) > 1:
         host = comm_id.rsplit(":", 1)[0]
         remote = ipaddress.ip_address(socket.gethostbyname(host))
         for name, addr, mask in ifs:  # ncclFindInterfaceMatchSubnet
             if remote in ipaddress.ip_network(f"{addr}/{mask}", strict=False):
                 return name, addr
-    for wanted in ("ib", "^docker,lo", "docker,lo"):  # ncclFindInterfaces' automatic order
+    for wanted in ("^docker,lo,virbr", "docker", "lo", "virbr"):
         for name, addr, _ in ifs:
             if _match_prefix(name, wanted):
                 return name, addr
-    return "lo", "127.0.0.1"
+    raise BootstrapError(f"no usable network interface (have {[i[0] for i in ifs]})")
+
+
+# net_socket.cc: MAX_THREADS helper threads, MAX_SOCKETS data sockets per connection
+SOCKET_MAX_THREADS, SOCKET_MAX_SOCKETS = 16, 64
+
+
+def socket_threads() -> tuple[int, int]:
+    """``ncclNetSocketGetNsockNthread``: (NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD), 0 threads and 1 socket per
+    thread unless set (NCCL's automatic values outside AWS and GCP).  Too many threads are cut to 16, and a product
+    above 64 sockets lowers the sockets per thread to 64 / threads, each with NCCL's WARN."""
+    from tracing import debug
+    nthreads = env_int("NCCL_SOCKET_NTHREADS", -2)
+    per_thread = env_int("NCCL_NSOCKS_PERTHREAD", -2)
+    if nthreads > SOCKET_MAX_THREADS:
+        debug.warn(f"NET/Socket : NCCL_SOCKET_NTHREADS is greater than the maximum allowed, setting to "
+                   f"{SOCKET_MAX_THREADS}")
+        nthreads = SOCKET_MAX_THREADS
+    nthreads = 0 if nthreads == -2 else nthreads
+    per_thread = 1 if per_thread == -2 else per_thread
+    nthreads, per_thread = max(0, nthreads), max(0, per_thread)
+    if nthreads * per_thread > SOCKET_MAX_SOCKETS:
+        per_thread = SOCKET_MAX_SOCKETS // nthreads
+        debug.warn(f"NET/Socket : the total number of sockets is greater than the maximum allowed, setting "
+                   f"NCCL_NSOCKS_PERTHREAD to {per_thread}")
+    if nthreads * per_thread > 0:
+        debug.info("INIT", f"NET/Socket: Using {nthreads} threads and {per_thread} sockets per thread")
+    return nthreads, per_thread
 
 
 def parse_addr(text: str) -> tuple[str, int]:

@@ -81,12 +81,12 @@ def connect(comm, needs: list) -> None:
             peer_blob = all_blobs[p][("recv", ch.id, me_r)]
             if kinds[(ch.id, d, p)] == "SHM":
                 ch.send_to[p] = comm._shm.send_connect(blobs[(d, ch.id, p)], peer_blob, p)
-                debug.info("SHM", f"Channel {ch.id:02d} : {me_r}[{dev(me_r)}] -> {p}[{dev(p)}] via SHM/direct/direct")
+                debug.info("INIT|SHM", f"Channel {ch.id:02d} : {me_r}[{dev(me_r)}] -> {p}[{dev(p)}] via SHM/direct")
             else:
                 conn = ch.send_to[p] = net.make_connector(p, True, comm.buff_sizes, via)
                 comm.net_connections.append(net.NetConnection(plugin, conn, plugin.connect(0, peer_blob, deadline),
                                                               ch.id))
-                debug.info("NET", f"Channel {ch.id:02d}/0 : {me_r}[{dev(me_r)}] -> {p}[{dev(p)}] [send] via "
+                debug.info("INIT|NET", f"Channel {ch.id:02d}/0 : {me_r}[{dev(me_r)}] -> {p}[{dev(p)}] [send] via "
                                   f"{via}")
         for ch, d, p in needs:
             if d != "recv":
@@ -97,7 +97,7 @@ def connect(comm, needs: list) -> None:
                 conn = ch.recv_from[p] = net.make_connector(p, False, comm.buff_sizes, via)
                 comm.net_connections.append(net.NetConnection(plugin, conn, plugin.accept(listens[(d, ch.id, p)],
                                                                                            deadline), ch.id))
-                debug.info("NET", f"Channel {ch.id:02d}/0 : {p}[{dev(p)}] -> {me_r}[{dev(me_r)}] [receive] via "
+                debug.info("INIT|NET", f"Channel {ch.id:02d}/0 : {p}[{dev(p)}] -> {me_r}[{dev(me_r)}] [receive] via "
                                   f"{via}")
         comm.bootstrap.barrier()  # every peer has mapped our segments and accepted our connections
     finally:

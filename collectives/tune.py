@@ -16,6 +16,7 @@ import argparse
 import json
 import sys
 
+from .graph import tuning
 from .graph.cost_model import CostModel, Graph, Machine
 from .graph.presets import PRESETS, preset
 from .perf import BUS_FACTOR, COLLS, parse_size, sizes
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
           f"{machine.tree.bw_intra:g} GB/s", file=out)
     for key, src in machine.sources.items():
         print(f"# source ({key}): {src}", file=out)
-    for line in model.tuning_lines():
+    for line in model.tuning_lines(tuning.max_threads(machine.ring.bw_intra, machine.ring.n_channels)):
         print(f"# {line}", file=out)
     combos = [(al, pr) for al in ("Tree", "Ring") for pr in ("LL", "LL128", "Simple")]
     print(f"# {'size':>12} " + " ".join(f"{al + '/' + pr:>20}" for al, pr in combos), file=out)

@@ -44,7 +44,7 @@ def test_transport_log_lines():
     out = proc.stdout
     assert "Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0" in out
     assert "Channel 00/0 : 1[1] -> 2[0] [receive] via NET/Socket/0" in out
-    assert "Channel 00 : 0[0] -> 1[1] via SHM/direct/direct" in out
+    assert "Channel 00 : 0[0] -> 1[1] via SHM/direct\n" in out
     assert "nNodes 2 localRanks 2" in out
 
 

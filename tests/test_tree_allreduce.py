@@ -111,8 +111,8 @@ def test_log_lines_and_auto_choice_across_nodes():
     out = proc.stdout + proc.stderr
     assert out.count("Connected all trees") == 4
     assert "Trees [0] 1/2/-1->0->-1 [1] 1/-1/-1->0->2" in out
-    assert "AllReduce 28 Bytes -> Algo Tree" in out
-    assert "AllReduce 16000000 Bytes -> Algo Ring" in out
+    assert "AllReduce: 28 Bytes -> Algo Tree" in out
+    assert "AllReduce: 16000000 Bytes -> Algo Ring" in out
 
 
 def test_tree_cli_runs_and_replays(tmp_path):

@@ -48,7 +48,7 @@ def check_all(comm, seed: int, dtype: str, count: int, colls: list[str], op: str
     funcs = {"allreduce": "AllReduce", "reducescatter": "ReduceScatter", "allgather": "AllGather",
              "broadcast": "Broadcast", "reduce": "Reduce"}
     for coll in colls:
-        kw = comm.reference_config(funcs[coll], count, dt)
+        kw = independent_config(comm, funcs[coll], count, dt)
         for in_place in (False, True):
             tag = f"{coll} {dtype} count={count} n={n} ch={comm.nchannels} rings={comm.rings} in_place={in_place}"
             if coll == "allreduce":
@@ -102,6 +102,24 @@ def check_all(comm, seed: int, dtype: str, count: int, colls: list[str], op: str
 ALL = ["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]
 
 
+def independent_config(comm, func: str, count: int, dt) -> dict:
+    """The reference's configuration, from the environment and NCCL's rules as ``reference`` writes them again:
+    channels, rings, thread count (so the channel shrink) and a forced protocol or algorithm.  Only the cost
+    model's automatic choice and the trees are taken from the communicator (tested on their own elsewhere)."""
+    if not hasattr(comm, "_test_hosts"):  # every rank's NCCL_HOSTID: which ranks share a node
+        comm._test_hosts = comm.bootstrap.allgather_obj(os.environ.get("NCCL_HOSTID", ""))
+    given = getattr(comm, "_test_rings", None)
+    search = getattr(comm, "_test_search_channels", None) or max(1, len(given or []))
+    own = reference.config_from_env(comm.nranks, search, given, comm._test_hosts)
+    chosen = comm.reference_config(func, count, dt)
+    for key in ("proto", "algo"):
+        if own[key] is not None and (key == "proto" or func == "AllReduce"):
+            assert chosen[key] == own[key], (func, count, key, chosen[key], own[key])
+    return {"rings": own["rings"], "nchannels": own["nchannels"], "search_channels": own["search_channels"],
+            "proto": own["proto"] or chosen["proto"], "algo": (own["algo"] if func == "AllReduce" else None)
+            or chosen["algo"], "trees": chosen["trees"]}
+
+
 def bitwise(args: list[str]) -> None:
     """bitwise CHANNELS RINGS(json or '') COUNTS(json) DTYPES(json) [COLLS(json)] [OPS(json)]"""
     nch = int(args[0])
@@ -111,6 +129,7 @@ def bitwise(args: list[str]) -> None:
     ops = json.loads(args[5]) if len(args) > 5 else ["sum"]
     seed = int.from_bytes(os.urandom(4), "little")
     with collectives.Communicator(rings=rings, nchannels=nch) as comm:
+        comm._test_rings, comm._test_search_channels = rings, nch  # what the test asked for
         seed = comm.bootstrap.allgather_obj(seed)[0]  # fresh inputs each run, the same on every rank
         for count in counts:
             for dtype in dtypes:
@@ -211,24 +230,101 @@ def traced_allreduce(args: list[str]) -> None:
         assert np.array_equal(comm.all_reduce(x), np.full_like(x, comm.nranks))
 
 
+def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, protos: set | None) -> tuple:
+    """(algo, proto) by NCCL's ncclTopoTuneModel / ncclTopoGetAlgoTime / topoGetAlgoInfo, written again here for
+    the lab's CPU machine (1 ring of 6 GB/s per search channel, path PHB, compute capability 0 so LL128 only when
+    NCCL_PROTO names it, AMD x86; measured constants: base latency LL 25.9, LL128 30.3, Simple 23.3 us, 3 us per
+    step).  NCCL's default tables restated: llMaxBws, perChMaxTreeBws, perChMaxRing/TreeLL128Bws.  Only the
+    tree correction factors are taken from the cost model (a table of NCCL constants, tested on its own)."""
+    from collectives.graph.cost_model import TREE_CORRECTION
+    f = np.float32
+    nsteps = {"AllReduce": 2 * (n - 1), "AllGather": n - 1, "ReduceScatter": n - 1}.get(func, n)
+    i2 = min(nodes - 1, 2)
+    ll_max = (39.0, 39.0, 20.4)[i2] if nodes == 1 else (87.7, 22.5, 19.0)[i2]
+    tree_max, ll128_max = (26.5, 18.5, 10.0)[i2], 20.0
+    base, hw = {"LL": 25.9, "LL128": 30.3, "Simple": 23.3}, 3.0
+    best, best_t = None, float("inf")
+    for algo in ("Tree", "Ring"):
+        if algo == "Tree" and func != "AllReduce":
+            continue
+        for p, proto in enumerate(("LL", "LL128", "Simple")):
+            if (protos is None and proto == "LL128") or (protos is not None and proto not in protos):
+                continue
+            bw = search * 6.0
+            if algo == "Ring" and proto == "LL":
+                bw = min(ll_max, bw * .5)
+            if algo == "Ring" and proto == "LL128":
+                bw = min(bw * .92, search * ll128_max)
+            if algo == "Tree":
+                bw = min(bw * .92, search * tree_max)
+                if proto == "LL":
+                    bw = min(bw / 3.8, ll_max)
+                if proto == "LL128":
+                    bw = min(bw * (7 / 9 if nodes == 1 else 120 / 128), search * ll128_max)
+            bw = f(f(bw) * f(n / nsteps if algo == "Ring" else .5))
+            lat = base[proto]
+            if algo == "Ring" and func in ("Reduce", "Broadcast"):
+                lat += hw
+            elif algo == "Ring":
+                intra = max(hw, (2.0 * (3 if proto == "Simple" else 1)) if nodes > 1 else 0.0)
+                inter_steps = 0 if nodes == 1 else (2 * (nodes - 1) if func == "AllReduce" else nodes - 1)
+                lat += (nsteps - inter_steps) * intra + inter_steps * hw
+            else:
+                lat += 2 * ((n // nodes - 1) * hw + (nodes.bit_length() - 1) * hw)
+            log_size = (nbytes >> 6).bit_length() - 1
+            if algo == "Tree" and 0 <= log_size < 23:
+                bw = f(bw * f(TREE_CORRECTION[p][log_size]))
+            if algo == "Ring" and proto == "Simple" and nodes > 1 and func == "AllReduce" and \
+                    nbytes // (2 * search * n) >= 64:
+                lat *= 1.9
+            t = float(f(f(lat) + f(f(nbytes) / f(1000 * bw))))
+            if t < best_t:
+                best, best_t = (algo, proto), t
+    return best
+
+
 def auto_choice(args: list[str]) -> None:
-    """The communicator's automatic (algo, proto) equals the cost model's for this lab's CPU preset."""
-    from collectives.graph.cost_model import CostModel
-    from collectives.graph.presets import cpu_lab
+    """The communicator's automatic (algo, proto) equals what NCCL's rules give on the lab's CPU machine."""
+    text = os.environ.get("NCCL_PROTO", "")
+    protos = {p for p in ("LL", "LL128", "Simple") if p.lower() in text.lower().split(",")} if text else None
     with collectives.Communicator() as comm:
-        model = CostModel(cpu_lab(comm.nranks, comm.nnodes, comm.nchannels // 2), os.environ.get("NCCL_PROTO", ""),
-                          os.environ.get("NCCL_ALGO", ""))
-        protos = set()
+        nodes = len(set(comm.bootstrap.allgather_obj(os.environ.get("NCCL_HOSTID", ""))))
+        chosen = set()
         for func, mult in (("AllReduce", 1), ("AllGather", comm.nranks), ("ReduceScatter", comm.nranks),
                            ("Broadcast", 1), ("Reduce", 1)):
             for count in [1, 7, 100, 4096, 65536, 1 << 20, 1 << 22, 1 << 24]:
                 plan = comm.plan(func, count, np.float32)
-                want = model.choose(func, 4 * count * mult)
-                assert (plan.algo, plan.proto) == want[:2], (func, count, plan.algo, plan.proto, want)
-                protos.add(plan.proto)
+                want = _nccl_cpu_choice(func, 4 * count * mult, comm.nranks, nodes, 1, protos)
+                assert (plan.algo, plan.proto) == want, (func, count, plan.algo, plan.proto, want)
+                chosen.add(plan.proto)
         x = np.ones(1 << 16, np.float32)
         assert np.array_equal(comm.all_reduce(x), np.full_like(x, comm.nranks))
-    print(f"rank {comm.rank} ok {sorted(protos)}", flush=True)
+    print(f"rank {comm.rank} ok {sorted(chosen)}", flush=True)
+
+
+def nan_minmax(args: list[str]) -> None:
+    """nan_minmax PROTOS(json): max and min of float32/float64/float16/bfloat16 inputs with NaNs (some elements
+    NaN on one rank, some on all), each protocol, bitwise against the reference (NaN dropped, two NaNs canonical)."""
+    for proto in json.loads(args[0]):
+        with collectives.Communicator(protocols=proto) as comm:
+            n, r = comm.nranks, comm.rank
+            for dtype in ("float32", "float64", "float16", "bfloat16"):
+                dt = DTYPES[dtype]
+                for count in (5, 1000, 70001):
+                    xs = inputs_for(count, n, count, dt)
+                    for q in range(n):
+                        xs[q][q::n + 1] = np.nan   # NaN on one rank only
+                        xs[q][n::n + 2] = np.nan   # NaN on every rank
+                    for op in ("max", "min"):
+                        kw = independent_config(comm, "AllReduce", count, dt)
+                        assert kw["proto"] == proto
+                        same(comm.all_reduce(xs[r].copy(), op=op), reference.all_reduce(xs, op, **kw),
+                             f"AllReduce {op} {dtype} {proto} count={count}")
+                        kw = independent_config(comm, "Reduce", count, dt)
+                        got = comm.reduce(xs[r].copy(), root=1, op=op)
+                        if r == 1:
+                            same(got, reference.reduce(xs, 1, op, **kw), f"Reduce {op} {dtype} {proto}")
+    print(f"rank {r} ok", flush=True)
 
 
 def tree_bitwise(args: list[str]) -> None:

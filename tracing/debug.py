@@ -2,7 +2,9 @@
 
 ``NCCL_DEBUG`` = VERSION | WARN | INFO | TRACE; ``NCCL_DEBUG_SUBSYS`` a comma list (``^`` negates; default
 ``INIT,BOOTSTRAP,ENV``); ``NCCL_DEBUG_FILE`` may contain ``%h`` (host) and ``%p`` (pid).
-INFO lines read ``host:pid:tid [dev] NCCL INFO msg``; WARN lines add ``file:line (func)``.
+INFO lines read ``host:pid:tid [dev] NCCL INFO msg``; WARN lines start with NCCL's newline and timestamp
+(``NCCL_DEBUG_TIMESTAMP_FORMAT``, default ``[%F %T] ``) and add ``file:line (func)``.  A line's subsystem may
+have several bits, as NCCL's flags do: ``info("INIT|SHM", ...)`` prints when either is selected.
 Here ``dev`` is the local rank: a CPU rank has no CUDA device, so its index on the host stands in for it.
 """
 from __future__ import annotations
@@ -43,14 +45,29 @@ def _init() -> dict:
     return _state
 
 
+def reset() -> None:
+    """Read the environment again at the next line (``ncclResetDebugInit``)."""
+    with _lock:
+        out = _state.get("out")
+        if out is not None and out is not sys.stdout:
+            out.close()
+        _state.clear()
+
+
 def set_device(dev: int) -> None:
     """Record the local rank printed in ``[dev]``."""
     _init()["dev"] = dev
 
 
 def enabled(level: str, subsys: str = "INIT") -> bool:
+    """``subsys`` is one name or several joined by ``|`` (NCCL's flag bits); ``ALL`` matches any selection."""
     st = _init()
-    return st["level"] >= LEVELS[level] and (level == "WARN" or subsys in st["mask"])
+    if st["level"] < LEVELS[level]:
+        return False
+    if level == "WARN":
+        return True
+    bits = subsys.split("|")
+    return "ALL" in bits or any(b in st["mask"] for b in bits)
 
 
 def _prefix() -> str:
@@ -75,7 +92,13 @@ def warn(msg: str) -> None:
     if enabled("WARN"):
         frame = inspect.stack()[1]
         where = f"{os.path.basename(frame.filename)}:{frame.lineno} ({frame.function})"
-        _emit(f"{_prefix()} {where} NCCL WARN {msg}")
+        _emit(f"\n{_timestamp()}{_prefix()} {where} NCCL WARN {msg}")
+
+
+def _timestamp() -> str:
+    """NCCL_DEBUG_TIMESTAMP_FORMAT (strftime, ``_`` for spaces) on WARN lines, NCCL's default levels."""
+    fmt = os.environ.get("NCCL_DEBUG_TIMESTAMP_FORMAT", "[%F %T] ").replace("_", " ")
+    return time.strftime(fmt)
 
 
 def trace(subsys: str, msg: str) -> None:

@@ -23,12 +23,22 @@ SLEEP_OFFSET = 64     # uint32 "a waiter sleeps on this line" mark (ours: futex 
 DOORBELL_OFFSET = 128  # uint32 bumped by an LL/LL128 sender when its reader sleeps (ours, same reason)
 
 
+# A slot holds whole units: LL lines (stepLines), LL128 64-bit words (stepSize); Simple is kept to 8-byte words.
+SLOT_UNIT = {"LL": 16, "LL128": 8, "Simple": 8}
+
+
+def slot_bytes(proto: str, buff_size: int) -> int:
+    """Bytes per FIFO slot as the device code strides them: ``buffSizes[p] / NCCL_STEPS`` in whole units, so any
+    ``NCCL_*BUFFSIZE`` works (NCCL accepts any value)."""
+    return buff_size // NCCL_STEPS // SLOT_UNIT[proto] * SLOT_UNIT[proto]
+
+
 def recv_layout(buff_sizes: dict) -> tuple[dict, int]:
-    """Offsets of the LL, LL128 and Simple FIFOs after ncclRecvMem, and the total size."""
+    """Offsets of the LL, LL128 and Simple FIFOs after ncclRecvMem (each 128-byte aligned), and the total size."""
     offsets, off = {}, RECVMEM_BYTES
     for p in PROTOS:
         offsets[p] = off
-        off += buff_sizes[p]
+        off += -(-buff_sizes[p] // 128) * 128
     return offsets, off
 
 
@@ -53,8 +63,8 @@ class Connector:
     bell_addr: int = field(init=False)
 
     def __post_init__(self) -> None:
-        self.words = {p: b.view(np.uint64).reshape(NCCL_STEPS, -1) for p, b in self.buffs.items()
-                      if len(b) % (8 * NCCL_STEPS) == 0}
+        self.words = {p: b[:NCCL_STEPS * slot_bytes(p, len(b))].view(np.uint64).reshape(NCCL_STEPS, -1)
+                      for p, b in self.buffs.items()}
         self.scratch = {}
         addr = lambda a: a.__array_interface__["data"][0]  # noqa: E731
         self.head_addr, self.tail_addr, self.bell_addr = addr(self.head), addr(self.tail), addr(self.doorbell)
@@ -67,11 +77,10 @@ class Connector:
         return buf
 
     def step_size(self, proto: str) -> int:
-        """Bytes per FIFO slot: buffSizes[proto] / NCCL_STEPS."""
-        return len(self.buffs[proto]) // NCCL_STEPS
+        """Bytes per FIFO slot (``slot_bytes``)."""
+        return slot_bytes(proto, len(self.buffs[proto]))
 
     def slot(self, proto: str, step: int, nbytes: int) -> np.ndarray:
         """Bytes of FIFO slot ``step % NCCL_STEPS`` (a Simple slice may span StepPerSlice consecutive slots)."""
-        size = len(self.buffs[proto]) // NCCL_STEPS
-        start = (step % NCCL_STEPS) * size
+        start = (step % NCCL_STEPS) * slot_bytes(proto, len(self.buffs[proto]))
         return self.buffs[proto][start:start + nbytes]

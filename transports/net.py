@@ -75,7 +75,7 @@ class ProxyOp:
         self.base = 0
         self.posted = self.transmitted = self.received = self.done = 0
         self.requests: dict = {}
-        self.step_size = len(nc.conn.buffs[proto]) // NCCL_STEPS
+        self.step_size = nc.conn.step_size(proto)  # whole lines per slot, as the kernel lays them out
         if tracer is not None:  # the plugin's own events (NET/IB: CTS, WRs, completions) go to the same trace
             nc.plugin.trace_to(nc.comm, tracer, seq, nc.channel, nc.conn.peer)
 

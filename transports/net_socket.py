@@ -23,7 +23,6 @@ from collectives.param import env_int, timeout_s
 from .net_plugin import NetError, NetPlugin, NetProperties
 
 MAX_NET_SIZE = 1 << 30            # NCCL_MAX_NET_SIZE
-MAX_THREADS, MAX_SOCKS = 16, 64
 
 
 class _Request:
@@ -95,10 +94,7 @@ class SocketNet(NetPlugin):
 
     def init(self) -> None:
         self.ifname, self.addr = sockets.find_interface()
-        self.nthreads = min(MAX_THREADS, max(0, env_int("NCCL_SOCKET_NTHREADS", 0)))
-        self.nsocks_per_thread = max(0, env_int("NCCL_NSOCKS_PERTHREAD", 1 if self.nthreads else 0))
-        if self.nthreads * self.nsocks_per_thread > MAX_SOCKS:
-            raise NetError(f"NCCL_SOCKET_NTHREADS*NCCL_NSOCKS_PERTHREAD > {MAX_SOCKS}")
+        self.nthreads, self.nsocks_per_thread = sockets.socket_threads()  # NCCL's clamps and WARNs
         self.nsocks = self.nthreads * self.nsocks_per_thread
         self.inline = env_int("NCCL_SOCKET_INLINE", 128)
         self.min_task = env_int("NCCL_SOCKET_MIN_TASKSIZE", 64 << 10)

@@ -1,6 +1,8 @@
 """Bandwidth against message size (matplotlib, log axes): algbw and busbw of any mix of
 * our runs (``python -m collectives.ring --json``: records with size, algbw, busbw, placement);
-* real NCCL ``all_reduce_perf`` output as nccl-tests prints it (either row format, several tables per file);
+* real NCCL ``all_reduce_perf`` output as nccl-tests prints it or users paste it (either row format, several tables
+  per file, launcher prefixes, interleaved logs); its legend says ``nodes x GPUs`` per node when the output lists
+  the ranks' hosts;
 * series files ``{"label": ..., "points": [{"size", "busbw", "algbw"?}]}``: MPI baselines from
   ``benchmarks/allreduce_vs_mpi.py --json`` and the cost model's prediction from ``collectives.tune --series``.
 """
@@ -37,8 +39,12 @@ def load_series(path: str) -> list[dict]:
                  "busbw": [r["busbw"] for r in rows]}]
     tables = nccl_tests.parse(text)
     if not tables:
-        raise ValueError(f"{path}: neither JSON rows/series nor nccl-tests output")
-    return [{"label": f"NCCL: {name}" + (f" #{i + 1}" if len(tables) > 1 else ""),
+        raise ValueError(f"{path}: no nccl-tests table (no rows 'size count type redop [root] time algbw busbw "
+                         f"#wrong ...') and not JSON rows or series")
+
+    def shape(t) -> str:  # nodes x GPUs per node, from the "# Rank ... on host" lines
+        return f" ({t.shape[0]} x {t.shape[1]} GPUs)" if t.shape else ""
+    return [{"label": f"NCCL: {name}" + (f" #{i + 1}" if len(tables) > 1 else "") + shape(t),
              "size": [r.size for r in t.rows], "algbw": [r.out_of_place["algbw"] for r in t.rows],
              "busbw": [r.out_of_place["busbw"] for r in t.rows]} for i, t in enumerate(tables)]
 

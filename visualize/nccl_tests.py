@@ -1,8 +1,12 @@
 """Parser of nccl-tests output (``all_reduce_perf`` & co.), both row formats (NCCL_FACTS §8.2).
 
 Reads legacy (<= 2.17: ``%7.2f`` times, ``%5g`` #wrong) and current (>= 2.18: ``getFloatStr``) rows, older rows
-without the ``root`` column and with an ``error`` column (``0e+00``), any header or comment lines, several tables
-in one file, and the ``Out of bounds values`` / ``Avg bus bandwidth`` footers.
+without the ``root`` column and with an ``error`` column (``0e+00``), ``N/A`` for ``#wrong``, any header or comment
+lines, several tables in one file, and the ``Out of bounds values`` / ``Avg bus bandwidth`` footers.
+Output as users paste it: launcher prefixes on every line (``srun --label``'s ``0: ``, Open MPI's
+``[1,0]<stdout>:``; each prefix is its own stream), ``NCCL INFO``/``WARN`` lines in between, a paste that starts at
+``# Using devices`` or at the first row, and two processes' tables interleaved line by line (a row whose size does
+not grow belongs to the other table).  The ``Rank … on host`` lines give the hosts, so ``nodes x ranks per node``.
 Works on real nccl-tests output and on ``python -m collectives.ring``'s, which prints the same table.
 """
 from __future__ import annotations
@@ -11,6 +15,9 @@ import re
 from dataclasses import dataclass, field
 
 _NUM = re.compile(r"^-?[\d.]+(e[-+]?\d+)?$|^N/A$", re.I)
+# srun --label "12: ", Open MPI --tag-output "[1,0]<stdout>:", mpirun -prepend-rank "[0] "
+_PREFIX = re.compile(r"^\s*(\d+: |\[\d+,\d+\]<std(?:out|err)>:\s?|\[\d+\] )")
+_RANK_HOST = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)")
 
 
 @dataclass
@@ -31,6 +38,15 @@ class Table:
     oob_ok: bool | None = None
     avg_busbw: float | None = None
     header: list = field(default_factory=list)
+    hosts: dict = field(default_factory=dict)     # rank -> host, from the "# Rank ... on host" lines
+
+    @property
+    def shape(self) -> tuple[int, int] | None:
+        """(nodes, ranks per node) when the ``Rank … on host`` lines were there."""
+        if not self.hosts:
+            return None
+        nodes = len(set(self.hosts.values()))
+        return nodes, len(self.hosts) // nodes
 
 
 def _num(text: str):
@@ -55,32 +71,56 @@ def _row(tok: list[str]) -> Row | None:
     return Row(int(tok[0]), int(tok[1]), tok[2], tok[3], root, _placement(nums[:4]), _placement(nums[4:]))
 
 
+def _split_prefix(line: str) -> tuple[str, str]:
+    m = _PREFIX.match(line)
+    return (m.group(1).strip(), line[m.end():]) if m else ("", line)
+
+
 def parse(text: str) -> list[Table]:
-    """All tables in ``text``; a new table starts at each header after a footer (or at the first row)."""
+    """All tables in ``text``, in order of their first line.  Per stream (launcher prefix), a new table starts at a
+    header after a footer (or at the first row); rows whose size does not grow go to a second table that runs
+    alongside (another process printing the same table)."""
     tables: list[Table] = []
-    cur: Table | None = None
-    for line in text.splitlines():
-        if line.startswith("#"):
-            body = line.lstrip("#").strip()
+    open_tables: dict[str, list[Table]] = {}   # stream -> tables still taking rows (first: the one taking headers)
+    hosts: dict[str, dict] = {}                # stream -> rank -> host seen in its headers
+    for raw in text.splitlines():
+        stream, line = _split_prefix(raw)
+        if " NCCL INFO " in line or " NCCL WARN " in line or " NCCL TRACE " in line:
+            continue
+        lanes = open_tables.setdefault(stream, [])
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            body = stripped.lstrip("#").strip()
             m = re.match(r"Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)", body)
-            if m and cur is not None:
-                cur.out_of_bounds, cur.oob_ok = int(m.group(1)), m.group(2) == "OK"
+            if m:
+                for t in lanes:
+                    if t.out_of_bounds is None:
+                        t.out_of_bounds, t.oob_ok = int(m.group(1)), m.group(2) == "OK"
+                        break
                 continue
             m = re.match(r"Avg bus bandwidth\s*:\s*([-\d.eE+]+)", body)
-            if m and cur is not None:
-                cur.avg_busbw = float(m.group(1))
-                cur = None  # table closed
+            if m:
+                if lanes:
+                    lanes.pop(0).avg_busbw = float(m.group(1))  # that table is closed
                 continue
-            if cur is None:
-                tables.append(Table())
-                cur = tables[-1]
-            cur.header.append(line)
+            if not lanes or lanes[0].rows:
+                lanes.clear()                         # a header after rows: the previous table ended unfooted
+                lanes.append(Table())
+                tables.append(lanes[0])
+                hosts[stream] = {}
+            m = _RANK_HOST.match(stripped)
+            if m:
+                hosts[stream][int(m.group(1))] = m.group(2)
+            lanes[0].header.append(line)
             continue
         row = _row(line.split())
         if row is None:
             continue
-        if cur is None:
-            tables.append(Table())
-            cur = tables[-1]
-        cur.rows.append(row)
+        target = next((t for t in lanes if not t.rows or t.rows[-1].size < row.size), None)
+        if target is None:
+            target = Table(header=list(lanes[0].header) if lanes else [])
+            lanes.append(target)
+            tables.append(target)
+        target.rows.append(row)
+        target.hosts = target.hosts or dict(hosts.get(stream, {}))
     return [t for t in tables if t.rows]

@@ -7,6 +7,9 @@ Avg is NCCL's: floating types multiply the *local input* by ``1/nRanks`` convert
 (``PreMulSum``); integer types sum and the owner of each chunk divides once (``SumPostDiv``, truncating toward 0).
 Each step is one numpy ufunc over a whole slice: no Python loop per element.  fp16/bf16 ufuncs compute in fp32
 and round once, which is exactly the native ``__hadd``/``__hmul`` result (fp32 has more than 2p+2 bits).
+Min and max of floating types are NCCL's ``fminf``/``fmaxf`` (float), ``fmin``/``fmax`` (double) and
+``__hmin``/``__hmax`` (half, bfloat16 on sm_80+): a NaN operand is dropped (max(NaN, 1) = 1), and two NaNs give the
+canonical NaN of the type (all mantissa bits set), as the GPU's min/max instructions return.  Integers compare.
 """
 from __future__ import annotations
 
@@ -29,6 +32,9 @@ DTYPE_ALIASES = {"char": "int8", "int": "int32", "half": "float16", "float": "fl
                  "bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "fp64": "float64"}
 OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}  # ncclRedOp_t order
 _UFUNC = {"sum": np.add, "prod": np.multiply, "max": np.maximum, "min": np.minimum, "avg": np.add}
+_FLOAT_MINMAX = {"max": np.fmax, "min": np.fmin}
+# The canonical NaN of each floating type (PTX min/max and __hmin/__hmax when both inputs are NaN).
+CANONICAL_NAN = {2: np.uint16(0x7FFF), 4: np.uint32(0x7FFFFFFF), 8: np.uint64(0x7FFFFFFFFFFFFFFF)}
 
 
 _NAME_OF = {d: name for name, d in DTYPES.items()}
@@ -64,6 +70,8 @@ class RedOp:
 
     @property
     def fn(self):
+        if self.name in _FLOAT_MINMAX and self.is_float:
+            return _NAN_DROPPING[self.name]
         return _UFUNC[self.name]
 
     @property
@@ -82,6 +90,21 @@ class RedOp:
     def postdiv(self) -> int:
         """SumPostDiv divisor (integer Avg), 0 if none."""
         return self.nranks if (self.name == "avg" and not self.is_float) else 0
+
+
+def _minmax_nan_dropping(ufunc):
+    """fmin/fmax, then both-NaN results set to the canonical NaN (numpy would keep the first NaN's payload)."""
+    def apply(a, b, out):
+        with np.errstate(invalid="ignore"):
+            ufunc(a, b, out=out)
+        nan = out != out
+        if nan.any():
+            out.view(CANONICAL_NAN[out.dtype.itemsize].dtype)[nan] = CANONICAL_NAN[out.dtype.itemsize]
+        return out
+    return apply
+
+
+_NAN_DROPPING = {name: _minmax_nan_dropping(uf) for name, uf in _FLOAT_MINMAX.items()}
 
 
 def post_div(acc: np.ndarray, divisor: int) -> None:

@@ -110,9 +110,9 @@ class CostModel:
 
     def __init__(self, machine: Machine, proto_env: str = "", algo_env: str = "", net_overhead_ns: float | None = None):
         self.m = m = machine
-        self.proto_enable = parse_list(proto_env, PROTOS, "NCCL_PROTO")
+        # protoEnable: 1 for LL and Simple, 2 ("automatic") for LL128; NCCL_PROTO rewrites only the rows it names
+        self.proto_enable = parse_list(proto_env, PROTOS, "NCCL_PROTO", initial={"LL": 1, "LL128": 2, "Simple": 1})
         self.algo_enable = parse_list(algo_env, ALGOS, "NCCL_ALGO")
-        self.explicit_protos = {f: {p for p in PROTOS if proto_env.strip() and self.proto_enable[f][p]} for f in FUNCS}
         n, nodes = m.n_ranks, m.n_nodes
         c = m.constants
         self.comm_channels = m.comm_channels or 2 * min(m.ring.n_channels, m.tree.n_channels)
@@ -154,7 +154,7 @@ class CostModel:
                         bus = f32(min(float(bus) * (7.0 / 9.0 if nodes == 1 else 120.0 / 128.0),
                                       g.n_channels * tree_ll128_max))
                     if a == TREE and m.max_tree_pattern == PATTERN_TREE:
-                        bus = f32(bus * f32(.85))
+                        bus = f32(float(bus) * .85)  # float *= double: computed in double
                     ratio = f32(1.0 * n / nsteps) if a == RING else f32(.5)
                     bus = f32(bus * ratio)
                     self.bw[func][a][p] = bus
@@ -205,7 +205,7 @@ class CostModel:
                 usable = algo in self.m.algorithms and a in graphs and self.algo_enable[func][algo]
                 for p, proto in enumerate(PROTOS):
                     on = self.proto_enable[func][proto]
-                    if on and p == LL128 and proto not in self.explicit_protos[func]:
+                    if on is not True and on == 2 and p == LL128:
                         on = self._ll128_auto(graphs.get(a, self.m.ring))
                     if not (on and usable):
                         if a < 2:
@@ -227,9 +227,10 @@ class CostModel:
             bw = f32(bw * f32(TREE_CORRECTION[p][log_size]))
         if (a == RING and p == SIMPLE and self.m.n_nodes > 1 and func == "AllReduce"
                 and nbytes // (self.comm_channels * self.m.n_ranks) >= 64):
-            lat = f32(lat * f32(1.9 if self.m.min_comp_cap < 80 else 1.4))
+            lat = f32(float(lat) * (1.9 if self.m.min_comp_cap < 80 else 1.4))  # float *= double
         lat_count = num_pipe_ops if a == RING else math.ceil(num_pipe_ops / MAX_DEV_WORK_BATCH_COLLS)
-        return float(f32(f32(lat * lat_count) + f32(nbytes / (1000 * float(bw)))))
+        # size_t / float: nBytes is converted to float, and 1000 * bw is a float product
+        return float(f32(f32(lat * f32(lat_count)) + f32(f32(nbytes) / f32(f32(1000) * bw))))
 
     def table(self, func: str, nbytes: int, num_pipe_ops: int = 1) -> dict:
         """{(algo, proto): time} for the algorithms this model knows (Tree, Ring)."""
@@ -249,16 +250,24 @@ class CostModel:
                               f"(NCCL_ALGO/NCCL_PROTO and the machine leave nothing)")
         return best[0], best[1], best_t
 
-    def tuning_lines(self) -> list[str]:
-        """The NCCL_DEBUG_SUBSYS=TUNING table of rank 0: per function ``lat/bw`` pairs, ``%8.1f/%6.1f``."""
-        lines = ["  Algorithm   |" + "".join(f" {'':>14}   {a:>14}   {'':>14} |" for a in ALGOS[:2]),
-                 "  Protocol    |" + "".join(f" {p:>14} |" for _ in ALGOS[:2] for p in PROTOS)]
-        for func in FUNCS:
-            row = f"{func:>13} |"
-            for a in (TREE, RING):
-                for p in range(3):
-                    row += f"{float(self.lat[func][a][p]):8.1f}/{float(self.bw[func][a][p]):6.1f} |"
-            lines.append(row)
+    def tuning_lines(self, max_threads: dict | None = None) -> list[str]:
+        """The NCCL_DEBUG_SUBSYS=TUNING table of rank 0, as ``ncclTopoTuneModel`` prints it: the seven algorithms
+        in blocks of three, each block an ``Algorithm`` row, a ``Protocol`` row (always nine columns), a
+        ``Max NThreads`` row (``comm->maxThreads``) and one ``lat/bw`` row per function (``%8.1f/%6.1f``).
+        Algorithms this model does not build (CollNet, NVLS, PAT) print 0.0/0.0."""
+        threads = max_threads or {}
+        lines = []
+        for block in range(0, len(ALGOS), 3):
+            algos = range(block, min(block + 3, len(ALGOS)))
+            lines.append("  Algorithm   |" + "".join(f" {'':>14}   {ALGOS[a]:>14}   {'':>14} |" for a in algos))
+            lines.append("  Protocol    |" + "".join(f" {p:>14} |" for _ in range(3) for p in PROTOS))
+            lines.append(" Max NThreads |" + "".join(f" {threads.get((ALGOS[a], p), 0):14d} |" for a in algos
+                                                   for p in PROTOS))
+            for func in FUNCS:
+                row = f"{func:>13} |"
+                for a in algos:
+                    for p in range(3):
+                        lat, bw = (self.lat[func][a][p], self.bw[func][a][p]) if a < 2 else (0.0, 0.0)
+                        row += f"{float(lat):8.1f}/{float(bw):6.1f} |"
+                lines.append(row)
         return lines
-
-

@@ -12,6 +12,8 @@ D channels, c < D/2 takes tree 0 and the rest tree 1, and channels past D are co
 x2, NCCL_MIN_NCHANNELS) keeping their source's tree.  The pattern and layout that reproduce most entries are
 reported, with ``matched N of M`` rank x channel entries, the inter-node links
 compared and matched, and each mismatch.
+Partial logs (one node's output) replay the entries present and name the missing ranks; a missing node's chains are
+those of a complete node moved onto its ranks.  A log of several communicators replays the largest, or ``--comm``.
 """
 from __future__ import annotations
 
@@ -39,21 +41,42 @@ def nodes_of(log: NcclLog, nranks: int) -> list[int]:
 
 def chains_from_log(tree: dict, node_of: list[int], nnodes: int) -> list[list[int]]:
     """Each node's intra-node chain in one channel: from the rank whose parent is off-node, follow intra children."""
+    return [_chain(tree, [r for r in tree if node_of[r] == node], node_of, node) for node in range(nnodes)]
+
+
+def _chain(tree: dict, members: list[int], node_of: list[int], node: int) -> list[int]:
+    heads = [r for r in members if tree[r][0] == -1 or node_of[tree[r][0]] != node]
+    if len(heads) != 1:
+        raise LogError(f"node {node}: cannot find a single chain head among ranks {members}")
+    chain = [heads[0]]
+    while True:
+        nxt = [d for d in tree[chain[-1]][1] if node_of[d] == node]
+        if not nxt:
+            break
+        chain.append(nxt[0])
+    if sorted(chain) != sorted(members):
+        raise LogError(f"node {node}: intra-node links do not form one chain ({chain} vs {sorted(members)})")
+    return chain
+
+
+def node_chains(tree: dict, node_of: list[int], nnodes: int) -> list[list[int]]:
+    """Every node's chain in one channel.  A node whose ranks are all in the log: its own intra-node links.  A node
+    the log lacks (a user pasted one node's output) or has only in part: the chain of the first complete node,
+    moved onto its ranks by local index (NCCL's search gives identical nodes the same chains)."""
+    members = [[r for r in range(len(node_of)) if node_of[r] == node] for node in range(nnodes)]
+    complete = [node for node in range(nnodes) if members[node] and all(r in tree for r in members[node])]
+    if not complete:
+        raise LogError("no node has all its ranks' Trees entries in the log: its chains cannot be read")
+    own = {node: _chain(tree, members[node], node_of, node) if node in complete else None for node in range(nnodes)}
+    template, tmembers = own[complete[0]], members[complete[0]]
     chains = []
     for node in range(nnodes):
-        members = [r for r in tree if node_of[r] == node]
-        heads = [r for r in members if tree[r][0] == -1 or node_of[tree[r][0]] != node]
-        if len(heads) != 1:
-            raise LogError(f"node {node}: cannot find a single chain head among ranks {members}")
-        chain = [heads[0]]
-        while True:
-            nxt = [d for d in tree[chain[-1]][1] if node_of[d] == node]
-            if not nxt:
-                break
-            chain.append(nxt[0])
-        if sorted(chain) != sorted(members):
-            raise LogError(f"node {node}: intra-node links do not form one chain ({chain} vs {sorted(members)})")
-        chains.append(chain)
+        if own[node] is not None:
+            chains.append(own[node])
+        elif len(members[node]) != len(tmembers):
+            raise LogError(f"node {node} is missing from the log and differs in size from node {complete[0]}")
+        else:
+            chains.append([members[node][tmembers.index(r)] for r in template])
     return chains
 
 
@@ -94,7 +117,7 @@ def derive(log: NcclLog, node_of: list[int], pattern: str | None, graph=None) ->
         if graph is not None:
             chains, how = graph[1](c), graph[0]
         else:
-            chains, how = chains_from_log(log.trees[c], node_of, nnodes), pattern
+            chains, how = node_chains(log.trees[c], node_of, nnodes), pattern
         both[c] = [{r: (node.up, list(node.down)) for r, node in t.items()} for t in connect_trees(chains, how)]
     layouts = range(2, len(channels) + 1, 2) if len(channels) > 1 else [1]
     return {d: {c: both[c][tree_index(i, d)] for i, c in enumerate(channels)} for d in layouts}
@@ -125,8 +148,9 @@ def _fmt(rank: int, up: int, downs: list) -> str:
     return f"{d[0]}/{d[1]}/{d[2]}->{rank}->{up}"
 
 
-def replay(text: str) -> dict:
-    log = parse(text)
+def replay(text: str, comm: str | None = None) -> dict:
+    """``comm``: which communicator of a log that has several (default: the largest)."""
+    log = parse(text, comm)
     if not log.trees:
         raise LogError("no 'Trees [c] ...' lines in the log (run NCCL with NCCL_DEBUG=INFO)")
     results = {}
@@ -144,21 +168,42 @@ def replay(text: str) -> dict:
     else:
         per_pattern = {p: max(results[k][0]["matched"] for k in results if k[0] == p) for p in PATTERNS}
         pattern = best[0]
+    present = {r for tree in log.trees.values() for r in tree}
     return {"pattern": pattern, "source": "GRAPH" if graph is not None else "Trees", "doubled": best[1],
             "nranks": log.nranks, "nnodes": max(node_of) + 1, "channels": len(log.trees), **report,
-            "patterns": per_pattern, "derived": derived}
+            "patterns": per_pattern, "derived": {c: {r: v for r, v in t.items() if r in present}
+                                                 for c, t in derived.items()},
+            "missing_ranks": [r for r in range(len(node_of)) if r not in present], "comm": log.comm,
+            "communicators": log.communicators}
+
+
+def _ranges(ranks: list[int]) -> str:
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        start = r if start is None else start
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(f"{start}-{r}" if r > start else f"{r}")
+            start = None
+    return ", ".join(out)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.graph.replay", description=__doc__.split("\n")[0])
     p.add_argument("log")
     p.add_argument("--json", help="write the report as JSON")
+    p.add_argument("--comm", help="the communicator to replay (commId, N-ranks#k or index; default: the largest)")
     a = p.parse_args(argv)
     try:
-        rep = replay(open(a.log, errors="replace").read())
-    except LogError as exc:
+        rep = replay(open(a.log, errors="replace").read(), a.comm)
+    except (LogError, OSError) as exc:
         print(f"{a.log}: {exc}", file=sys.stderr)
         return 2
+    if len(rep["communicators"]) > 1:
+        listed = ", ".join(f"{c['id']} ({c['nranks']} ranks)" for c in rep["communicators"])
+        print(f"# {len(rep['communicators'])} communicators in the log: {listed}; replaying {rep['comm']}"
+              f"{'' if a.comm else ' (the largest; choose with --comm)'}")
+    if rep["missing_ranks"]:
+        print(f"# ranks not in the log: {_ranges(rep['missing_ranks'])} (replaying the entries present)")
     copies = rep["channels"] - rep["doubled"]
     print(f"# {a.log}: {rep['nranks']} ranks, {rep['nnodes']} nodes, {rep['channels']} channels ("
           f"{rep['doubled']} after Postset doubling{f', {copies} copied' if copies > 0 else ''}); pattern "

@@ -63,8 +63,9 @@ def setup_ring(order: list[int], rank: int) -> Ring:
 
 
 def ring_log_line(channel: int, nchannels: int, order: list[int]) -> str:
-    """``Channel %02d/%02d :`` then the ring from rank 0, width = digits of n-1, in NCCL's 128-byte buffer
-    (``dumpLine``): pieces are added while fewer than 127 characters are written; an overflow ends in "..."."""
+    """``dumpLine`` with prefix ``Channel %02d/%02d :``: the ring from rank 0, each rank as `` %*d`` (width = digits
+    of n-1), written into a 128-byte buffer; when it overflows, the last three characters that fit become ``...``
+    (so a truncated line is 127 characters)."""
     n = len(order)
     width = len(str(n - 1))
     pos0 = order.index(0)
@@ -73,4 +74,6 @@ def ring_log_line(channel: int, nchannels: int, order: list[int]) -> str:
         if len(line) >= 127:
             break
         line += f" {order[(pos0 + i) % n]:>{width}d}"
-    return line[:124] + "..." if len(line) >= 128 else line
+    if len(line) >= 128:
+        return line[:124] + "..."
+    return line[:127]
