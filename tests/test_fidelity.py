@@ -461,3 +461,11 @@ def test_trees_line_cut_at_nccls_buffer_keeps_complete_entries():
                 f"host:1:2 [6] NCCL INFO Trees{entries}\n")
     n = entries.count("[") - 1
     assert sorted(log.trees) == list(range(n)) and log.trees[n - 1][14] == (13, [15])
+
+
+@pytest.mark.parametrize("proto", ["Simple", "LL", "LL128"])
+def test_any_buffsize_runs_bitwise_over_net(proto):
+    """The proxy's slots are the kernel's (whole lines per slot) when a buffer size is not a multiple of them."""
+    run_ranks(4, "bitwise", "1", "", "[5, 300001]", '["float32"]', '["allreduce", "allgather"]', nodes=2,
+              env={"NCCL_BUFFSIZE": "1000001", "NCCL_LL_BUFFSIZE": "100003", "NCCL_LL128_BUFFSIZE": "600007",
+                   "NCCL_PROTO": proto, "NCCLLAB_TIMEOUT": "60"})
