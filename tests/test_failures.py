@@ -1,4 +1,5 @@
 """Bad input and failures: clear errors on every rank, deadlines, and a clean /dev/shm."""
+import json
 import re
 import time
 
@@ -45,13 +46,16 @@ def test_stuck_rank_times_out_naming_channel_step_and_peer():
     assert "NCCLLAB_TIMEOUT" in msgs[0]
 
 
-def test_stuck_rank_in_a_tree_names_the_thread_group():
+def test_stuck_rank_in_a_tree_names_the_thread_group(tmp_path):
     """Tree on one node of 3 (chain 0-1-2), rank 1 absent: the root (rank 0) waits for rank 1's reduce, and the
-    leaf's broadcast group (rank 2) waits for rank 1 too.  The message names the group, primitive, step and peer."""
-    proc = run_ranks(3, "stuck", "7", env={"NCCLLAB_TIMEOUT": "3", "NCCL_ALGO": "Tree"}, check=False, timeout=120)
+    leaf's broadcast group (rank 2) waits for rank 1 too.  The messages (printed by the rank that timed out first,
+    the other's in its hang report) name the group, primitive, step and peer."""
+    proc = run_ranks(3, "stuck", "7", env={"NCCLLAB_TIMEOUT": "3", "NCCL_ALGO": "Tree",
+                                           "NCCLLAB_HANG_DIR": str(tmp_path)}, check=False, timeout=120)
     assert proc.returncode != 0
-    msgs = [line for line in proc.stderr.splitlines() if "made no progress" in line]
-    assert msgs, proc.stderr[-3000:]
+    reports = [json.loads(p.read_text())["error"] for p in tmp_path.glob("hang-rank*.json")]
+    msgs = [line for line in proc.stderr.splitlines() if "made no progress" in line] + reports
+    assert any("made no progress" in m for m in msgs), proc.stderr[-3000:]
     assert any("from rank 1" in m for m in msgs), msgs
     assert any("(tree broadcast, recv) step 0 waiting for tail from rank 1" in m for m in msgs), msgs
 
