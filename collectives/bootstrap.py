@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import sockets
-from .param import env_str, timeout_s
-from .sockets import BootstrapError
+from misc import sockets
+from misc.param import env_str, timeout_s
+from misc.sockets import BootstrapError
 
 UNIQUE_ID_BYTES = 128
 _MAGIC_HDR = b"NCCLLAB1"

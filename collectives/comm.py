@@ -24,10 +24,12 @@ from tracing.events import from_env as tracer_from_env
 from tracing.events import now
 from tracing.hang import report_dir, write_report
 from transports import net, shm
-from transports.connector import Connector
-from transports.shm_segment import ShmError
+from include.device import Connector
+from misc.shm_segment import ShmError
 
-from . import api, enqueue, sockets, transport
+from misc import sockets
+
+from . import api, enqueue, transport
 from .bootstrap import Bootstrap, UniqueId
 from .device import all_gather, all_reduce, broadcast, reduce, reduce_scatter
 from .device.common import CollectiveError, Kernel
@@ -38,9 +40,11 @@ from .device.reduce_copy import DTYPE_CODES, OPS, RedOp, dtype_name, parse_op, r
 from .graph import tuning
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
+from .graph.connect import max_nchannels, min_nchannels
 from .graph.rings import Ring, parse_rings, ring_log_line, ring_orders, setup_ring
 from .graph.trees import TreeNode, channel_trees, tree_pattern, trees_log_line
-from .param import MAXCHANNELS, env_int, env_str, max_nchannels, min_nchannels, timeout_s
+from include.device import MAXCHANNELS
+from misc.param import env_int, env_str, timeout_s
 from .status import FUNC_CODES, StatusPage, describe
 
 DEFAULT_NCHANNELS_CPU = 1  # measured: on 2 cores one channel streams best (README); NCCL derives it from its topology search

@@ -24,11 +24,11 @@ import time
 import traceback
 
 from transports.net_plugin import NetError
-from transports.shm_segment import ShmError, sweep
+from misc.shm_segment import ShmError, sweep
 
 from .bootstrap import UniqueId, get_unique_id
 from .device.common import CollectiveError
-from .sockets import BootstrapError
+from misc.sockets import BootstrapError
 
 FAILURE_GRACE_S = 5.0
 REPORTED = (CollectiveError, BootstrapError, NetError, ShmError)  # their message names rank, peer and state: one line

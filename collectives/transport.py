@@ -19,7 +19,7 @@ import time
 from tracing import debug
 from transports import net, shm
 
-from .param import timeout_s
+from misc.param import timeout_s
 
 
 def select_transport(me: dict, peer: dict) -> str:

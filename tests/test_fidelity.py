@@ -9,7 +9,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from collectives import enqueue, param, reference, sockets
+from collectives import enqueue, reference
+from collectives.graph import connect
+from misc import param, sockets
 from collectives.device.reduce_copy import RedOp, reduce_copy
 from collectives.graph import tuning
 from collectives.graph.cost_model import RING, SIMPLE, TREE, CostModel, Graph, Machine
@@ -252,10 +254,10 @@ def test_integers_are_read_as_strtoll(nccl_log, monkeypatch, raw, want):
 def test_max_nchannels_zero_is_one(nccl_log, monkeypatch):
     monkeypatch.setenv("NCCL_MAX_NCHANNELS", "0")
     monkeypatch.setenv("NCCL_DEBUG_SUBSYS", "GRAPH")
-    assert param.max_nchannels() == 1
+    assert connect.max_nchannels() == 1
     assert "NCCL INFO User asked for a maximum of 0 channels, setting it to 1\n" in nccl_log()
     monkeypatch.setenv("NCCL_MAX_NCHANNELS", "100")
-    assert param.max_nchannels() == 64
+    assert connect.max_nchannels() == 64
 
 
 def test_proto_tokens_are_not_stripped():

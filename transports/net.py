@@ -33,10 +33,10 @@ import time
 
 import numpy as np
 
-from collectives.device import futex
-from collectives.param import NCCL_STEPS
+from misc import futex
+from include.device import NCCL_STEPS, ll_flag
 
-from .connector import PROTOS, Connector
+from include.device import PROTOS, Connector
 from .net_plugin import NetError
 
 NAME = "NET"
@@ -150,7 +150,6 @@ class ProxyOp:
             return True
         words = conn.words[self.proto][step % NCCL_STEPS]
         if self.proto == "LL":
-            from collectives.device.prims_ll import ll_flag
             lines = words[:2 * (-(-size // 16))]
             return bool(np.all((lines >> LL_FLAG_SHIFT) == np.uint64(ll_flag(step))))
         nlines = size // 128

@@ -7,7 +7,7 @@ it runs only when asked for.
 """
 from __future__ import annotations
 
-from collectives.param import env_str
+from misc.param import env_str
 from tracing import debug
 
 from .net_plugin import NetError, NetPlugin

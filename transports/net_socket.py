@@ -6,7 +6,7 @@ default outside AWS and GCP), or is cut into tasks of ``max(NCCL_SOCKET_MIN_TASK
 ``NCCL_SOCKET_NTHREADS`` helper threads send round-robin over ``NCCL_NSOCKS_PERTHREAD`` data sockets each.
 Requests on one comm complete in order.  The receiver rejects a size larger than it posted ("message
 truncated") and a header beyond ``NCCL_MAX_NET_SIZE``.  All I/O is non-blocking: ``test`` moves bytes and returns.
-Interface and address: ``NCCL_SOCKET_IFNAME`` (see ``collectives.sockets``).
+Interface and address: ``NCCL_SOCKET_IFNAME`` (see ``misc.sockets``).
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import threading
 import time
 from collections import deque
 
-from collectives import sockets
-from collectives.param import env_int, timeout_s
+from misc import sockets
+from misc.param import env_int, timeout_s
 
 from .net_plugin import NetError, NetPlugin, NetProperties
 

@@ -8,12 +8,12 @@ the FIFO directly; no proxy is involved (``proxyProgress`` is NULL for SHM).
 """
 from __future__ import annotations
 
-from collectives.param import env_int
+from misc.param import env_int
 from tracing import debug
 
-from .connector import (DOORBELL_OFFSET, HEAD_OFFSET, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector,
+from include.device import (DOORBELL_OFFSET, HEAD_OFFSET, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector,
                         recv_layout)
-from .shm_segment import ShmSegment
+from misc.shm_segment import ShmSegment
 
 NAME = "SHM"
 

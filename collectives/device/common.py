@@ -17,11 +17,11 @@ import os
 import time
 from typing import Callable, Iterator
 
-from collectives.param import timeout_s, warn_after_s
+from misc.param import timeout_s, warn_after_s
 
 from tracing.events import now
 
-from . import futex
+from misc import futex
 
 SPINS_BEFORE_YIELD = 4
 SPINS_BEFORE_SLEEP = 20  # oversubscribed only: sched_yield first, then sleep (measured best)

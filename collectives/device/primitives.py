@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectives.param import NCCL_STEPS
-from transports.connector import Connector
+from include.device import NCCL_STEPS
+from include.device import Connector
 
 from tracing.events import now
 
-from . import futex
+from misc import futex
 from .reduce_copy import RedOp
 
 

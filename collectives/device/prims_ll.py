@@ -17,20 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectives.param import NCCL_STEPS, env_int
+from include.device import LL_CLEAN_MASK, NCCL_STEPS, ll_flag
 
 from . import ll_kernels as K
 from .primitives import Primitives, div_up
 from .reduce_copy import reduce_copy
-
-LL_FLAG_MOD = env_int("NCCLLAB_LL_FLAG_MOD", 1 << 32)
-LL_CLEAN_MASK = env_int("NCCLLAB_LL_CLEAN_MASK", 0x7FFFFFF8)
-
-
-def ll_flag(step: int) -> int:
-    """``NCCL_LL_FLAG(step + 1)`` for the transfer at ``step``."""
-    return (step + 1) % LL_FLAG_MOD
-
 
 class PrimitivesLL(Primitives):
     proto = "LL"

@@ -13,19 +13,32 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from include.device import MAXCHANNELS
+from misc.param import env_int, log_once
+
 from .rings import ring_log_line
 from .search import BALANCED_TREE, PATTERN_NAMES, SPLIT_TREE, TREE, Graph
 from .trees import connect_trees, trees_log_line
 
-MAXCHANNELS = 64
+
+def min_nchannels() -> int:
+    """``ncclMinNchannels`` (``src/graph/connect.cc``): NCCL_MIN_NCHANNELS, else NCCL_MIN_NRINGS, else 0; above
+    MAXCHANNELS limited with NCCL's INFO line, below 0 taken as 0."""
+    value = env_int("NCCL_MIN_NCHANNELS", env_int("NCCL_MIN_NRINGS", 0))
+    if value > MAXCHANNELS:
+        log_once("GRAPH|ENV", f"User asked for a minimum of {value} channels, limiting to {MAXCHANNELS}")
+        value = MAXCHANNELS
+    return max(0, value)
 
 
-def _env_int(name: str, default: int) -> int:
-    text = os.environ.get(name)
-    try:
-        return int(text) if text not in (None, "") else default
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not an integer") from None
+def max_nchannels() -> int:
+    """``ncclMaxNchannels``: NCCL_MAX_NCHANNELS, else NCCL_MAX_NRINGS, else MAXCHANNELS; at most MAXCHANNELS, and
+    below 1 (``NCCL_MAX_NCHANNELS=0``) set to 1 with NCCL's INFO line."""
+    value = min(env_int("NCCL_MAX_NCHANNELS", env_int("NCCL_MAX_NRINGS", MAXCHANNELS)), MAXCHANNELS)
+    if value < 1:
+        log_once("GRAPH|ENV", f"User asked for a maximum of {value} channels, setting it to 1")
+        value = 1
+    return value
 
 
 @dataclass
@@ -51,10 +64,9 @@ def postset(ring: Graph, tree: Graph) -> Channels:
     rings, chains, tree_of = rings + rings, chains + chains, [0] * n + [1] * n
     total = min(MAXCHANNELS, 2 * n)
     rings, chains, tree_of = rings[:total], chains[:total], tree_of[:total]
-    max_ch = min(max(1, _env_int("NCCL_MAX_NCHANNELS", _env_int("NCCL_MAX_NRINGS", MAXCHANNELS))), MAXCHANNELS)
-    min_ch = max(0, min(_env_int("NCCL_MIN_NCHANNELS", _env_int("NCCL_MIN_NRINGS", 0)), MAXCHANNELS))
-    max_ctas = _env_int("NCCL_MAX_CTAS", MAXCHANNELS)          # comm->config.maxCTAs / minCTAs
-    min_ctas = _env_int("NCCL_MIN_CTAS", 1)
+    max_ch, min_ch = max_nchannels(), min_nchannels()
+    max_ctas = env_int("NCCL_MAX_CTAS", MAXCHANNELS)          # comm->config.maxCTAs / minCTAs
+    min_ctas = env_int("NCCL_MIN_CTAS", 1)
     max_ctas = min(max_ctas if max_ctas > 0 else MAXCHANNELS, MAXCHANNELS)
     min_ctas = min(min_ctas if min_ctas > 0 else 1, MAXCHANNELS, max_ctas)
     min_ch = max(min_ch, min_ctas)

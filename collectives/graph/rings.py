@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collectives.param import env_str
+from misc.param import env_str
 
 
 @dataclass(frozen=True)

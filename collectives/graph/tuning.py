@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from collectives.param import env_int
+from misc.param import env_int
 from tracing import debug
 
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")

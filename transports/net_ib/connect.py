@@ -17,7 +17,7 @@ import json
 import socket
 import struct
 
-from collectives import sockets
+from misc import sockets
 from tracing import debug
 
 from ..net_plugin import NetError

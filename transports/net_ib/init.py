@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collectives import sockets
+from misc import sockets
 from tracing import debug
 
 from .params import IbParams

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from collectives.param import env_int, env_str
+from misc.param import env_int, env_str
 
 
 @dataclass

@@ -19,8 +19,8 @@ import struct
 import threading
 import time
 
-from collectives import sockets
-from collectives.param import timeout_s
+from misc import sockets
+from misc.param import timeout_s
 
 from . import enums as e
 from .cq import WC

@@ -15,6 +15,8 @@ import socket
 import struct
 import time
 
+from tracing import debug
+
 from .param import env_int, env_str
 
 _SIOCGIFADDR = 0x8915
@@ -89,7 +91,6 @@ def socket_threads() -> tuple[int, int]:
     """``ncclNetSocketGetNsockNthread``: (NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD), 0 threads and 1 socket per
     thread unless set (NCCL's automatic values outside AWS and GCP).  Too many threads are cut to 16, and a product
     above 64 sockets lowers the sockets per thread to 64 / threads, each with NCCL's WARN."""
-    from tracing import debug
     nthreads = env_int("NCCL_SOCKET_NTHREADS", -2)
     per_thread = env_int("NCCL_NSOCKS_PERTHREAD", -2)
     if nthreads > SOCKET_MAX_THREADS:

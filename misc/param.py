@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-NCCL_STEPS = 8
-MAXCHANNELS = 64
+from tracing import debug
+
 DEFAULT_TIMEOUT_S = 120.0
 DEFAULT_WARN_AFTER_S = 5.0
 
@@ -49,43 +49,22 @@ def env_int(name: str, default: int) -> int:
     ours = name.startswith("NCCLLAB_")  # NCCL logs its own parameters; our knobs stay quiet
     if overflow:
         if not ours:
-            _log("ALL", f"Invalid value {raw} for {name}, using default {default}.")
+            log_once("ALL", f"Invalid value {raw} for {name}, using default {default}.")
         return default
     if not ours:
-        _log("ENV", f"{name} set by environment to {value}.")
+        log_once("ENV", f"{name} set by environment to {value}.")
     return default if value == -2 else value
 
 
 _logged: set = set()
 
 
-def _log(subsys: str, msg: str) -> None:
+def log_once(subsys: str, msg: str) -> None:
     """Once per distinct line, as NCCL caches each parameter after its first read."""
     if msg in _logged:
         return
     _logged.add(msg)
-    from tracing import debug  # tracing imports none of ours; imported here so param stays importable alone
     debug.info(subsys, msg)
-
-
-def min_nchannels() -> int:
-    """``ncclMinNchannels`` (``src/graph/connect.cc``): NCCL_MIN_NCHANNELS, else NCCL_MIN_NRINGS, else 0; above
-    MAXCHANNELS limited with NCCL's INFO line, below 0 taken as 0."""
-    value = env_int("NCCL_MIN_NCHANNELS", env_int("NCCL_MIN_NRINGS", 0))
-    if value > MAXCHANNELS:
-        _log("GRAPH|ENV", f"User asked for a minimum of {value} channels, limiting to {MAXCHANNELS}")
-        value = MAXCHANNELS
-    return max(0, value)
-
-
-def max_nchannels() -> int:
-    """``ncclMaxNchannels``: NCCL_MAX_NCHANNELS, else NCCL_MAX_NRINGS, else MAXCHANNELS; at most MAXCHANNELS, and
-    below 1 (``NCCL_MAX_NCHANNELS=0``) set to 1 with NCCL's INFO line."""
-    value = min(env_int("NCCL_MAX_NCHANNELS", env_int("NCCL_MAX_NRINGS", MAXCHANNELS)), MAXCHANNELS)
-    if value < 1:
-        _log("GRAPH|ENV", f"User asked for a maximum of {value} channels, setting it to 1")
-        value = 1
-    return value
 
 
 def env_str(name: str, default: str = "") -> str:

@@ -1,4 +1,5 @@
-"""The device view of one connection (NCCL ``struct ncclConnInfo``, ``src/include/device.h``).
+"""What kernels and proxies share (NCCL ``src/include/device.h``): ``NCCL_STEPS``, ``MAXCHANNELS``, the LL flag,
+and the device view of one connection (``struct ncclConnInfo``).
 
 ``head`` lives in the sender's ``ncclSendMem`` and counts steps the receiver has freed; ``tail`` and the FIFOs
 live in the receiver's ``ncclRecvMem`` and ``tail`` counts steps the sender has filled (Simple only: LL and LL128
@@ -11,7 +12,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from collectives.param import NCCL_STEPS
+from misc.param import env_int
+
+NCCL_STEPS = 8      # FIFO slots of every connection, all protocols
+MAXCHANNELS = 64    # channels per communicator
+# NCCL_LL_FLAG(a) and NCCL_LL_CLEAN_MASK; NCCL's test build shrinks both (a % 0x100, 0x78), and so do these knobs,
+# for the wrap-around tests.
+LL_FLAG_MOD = env_int("NCCLLAB_LL_FLAG_MOD", 1 << 32)
+LL_CLEAN_MASK = env_int("NCCLLAB_LL_CLEAN_MASK", 0x7FFFFFF8)
+
+
+def ll_flag(step: int) -> int:
+    """``NCCL_LL_FLAG(step + 1)``: the flag of the LL transfer at ``step`` (kernel and proxy agree on it)."""
+    return (step + 1) % LL_FLAG_MOD
+
 
 PROTOS = ("LL", "LL128", "Simple")  # NCCL_PROTO_LL=0, NCCL_PROTO_LL128=1, NCCL_PROTO_SIMPLE=2
 # Byte layout of the two memory objects (ncclSendMem / ncclRecvMem): each counter on its own 128-B line.
@@ -19,7 +33,7 @@ SENDMEM_BYTES = 4096
 RECVMEM_BYTES = 4096
 HEAD_OFFSET = 0
 TAIL_OFFSET = 0
-SLEEP_OFFSET = 64     # uint32 "a waiter sleeps on this line" mark (ours: futex sleeping, see device/futex.py)
+SLEEP_OFFSET = 64     # uint32 "a waiter sleeps on this line" mark (ours: futex sleeping, see misc/futex.py)
 DOORBELL_OFFSET = 128  # uint32 bumped by an LL/LL128 sender when its reader sleeps (ours, same reason)
 
 
