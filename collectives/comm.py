@@ -24,18 +24,15 @@ from tracing.events import from_env as tracer_from_env
 from tracing.events import now
 from tracing.hang import report_dir, write_report
 from transports import net, shm
-from include.device import Connector
+from include.connector import Connector
 from misc.shm_segment import ShmError
 
 from misc import sockets
 
 from . import api, enqueue, transport
 from .bootstrap import Bootstrap, UniqueId
-from .device import all_gather, all_reduce, broadcast, reduce, reduce_scatter
+from .device import launch
 from .device.common import CollectiveError, Kernel
-from .device.prims_ll import PrimitivesLL
-from .device.prims_ll128 import PrimitivesLL128
-from .device.prims_simple import PrimitivesSimple
 from .device.reduce_copy import DTYPE_CODES, OPS, RedOp, dtype_name, parse_op, reduce_copy
 from .graph import tuning
 from .graph.cost_model import CostModel
@@ -43,17 +40,13 @@ from .graph.presets import cpu_lab
 from .graph.connect import max_nchannels, min_nchannels
 from .graph.rings import Ring, parse_rings, ring_log_line, ring_orders, setup_ring
 from .graph.trees import TreeNode, channel_trees, tree_pattern, trees_log_line
-from include.device import MAXCHANNELS
+from include.device import MAXCHANNELS, NCCL_STEPS
+from include.protocols import PROTOCOLS
 from misc.param import env_int, env_str, timeout_s
 from .status import FUNC_CODES, StatusPage, describe
 
-DEFAULT_NCHANNELS_CPU = 1  # measured: on 2 cores one channel streams best (README); NCCL derives it from its topology search
-# computeBuffSizes (src/init.cc): LL 8 lines/thread * 512 threads * 8 steps * 16 B; LL128 120 * 640 * 8 * 8; Simple 4 MiB
-DEFAULT_BUFF_SIZES = {"LL": 524288, "LL128": 4915200, "Simple": 1 << 22}
-BUFF_ENV = {"LL": "NCCL_LL_BUFFSIZE", "LL128": "NCCL_LL128_BUFFSIZE", "Simple": "NCCL_BUFFSIZE"}
-# Smallest size that still gives every collective one chunk (LL: a 16-byte grain, LL128: one 2048-byte slice, Simple:
-# a 512-byte grain for Broadcast's one-step chunk).  NCCL accepts any value and would divide by a zero chunk below.
-BUFF_MIN = {"LL": 8 * 32, "LL128": 8 * 2048, "Simple": 8 * 512}
+# The ring graph's channel count on this CPU (NCCL takes it from its topology search; Postset then doubles it).
+DEFAULT_NCHANNELS_CPU = 1
 
 
 @dataclass
@@ -109,10 +102,11 @@ class Communicator:
             rings = parse_rings(env_str("NCCLLAB_RINGS"), self.nranks)
         # What the topology search would find (ring graph channels): explicit rings set it, as NCCL_RINGS did.
         nch = min(nchannels or max(DEFAULT_NCHANNELS_CPU, len(rings or [])), MAXCHANNELS // 2)
-        self.buff_sizes = {p: env_int(BUFF_ENV[p], DEFAULT_BUFF_SIZES[p]) for p in DEFAULT_BUFF_SIZES}
-        for p, size in self.buff_sizes.items():
-            if size < BUFF_MIN[p]:
-                raise ValueError(f"{BUFF_ENV[p]}={size} is too small: {p} needs at least {BUFF_MIN[p]} bytes")
+        self.buff_sizes = {p.name: env_int(p.buff_env, p.default_buff_size) for p in PROTOCOLS.values()}
+        for p in PROTOCOLS.values():  # below one chunk NCCL would divide by zero; any size above it works
+            if self.buff_sizes[p.name] < p.min_buff_size:
+                raise ValueError(f"{p.buff_env}={self.buff_sizes[p.name]} is too small: {p} needs at least "
+                                 f"{p.min_buff_size} bytes")
         proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
         algo_text = algorithms if algorithms is not None else os.environ.get("NCCL_ALGO", "")
         self._proto_text, self._algo_text = proto_text, algo_text
@@ -215,7 +209,7 @@ class Communicator:
                 "net": bool(self.net_connections)}
 
     def _hang_report(self, kernel: Kernel, error: str) -> dict:
-        waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % 8, "prim": prim}
+        waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % NCCL_STEPS, "prim": prim}
                  for (ch, _), (what, peer, step, _, _, prim) in sorted(kernel.wait_state.items())]
         last = []
         if self.tracer is not None:
@@ -360,35 +354,13 @@ class Communicator:
         kernel.tracer = tracer = self.tracer
         self._kernel = kernel
         t0 = now() if tracer is not None else 0
-        spc = enqueue.CHUNKSTEPS[func] // enqueue.SLICESTEPS[func]
-        sps = enqueue.SLICESTEPS[func]
-        works = []
+        chunk_steps, slice_steps = PROTOCOLS[proto].chunk_slice_steps(plan.algo, enqueue.CHUNKSTEPS[func],
+                                                                      enqueue.SLICESTEPS[func])
         proxy_ops = self._proxy_ops(func, plan, root) if self.proxy is not None else []
         if proxy_ops:
             self.proxy.post(proxy_ops)
-        for w in plan.works:
-            ch = self.channels[w.channel]
-            if plan.algo == "Tree":
-                works += self._tree_works(kernel, ch, w, proto, send, recv, redop)
-                continue
-            if proto == "Simple":
-                prims = PrimitivesSimple(kernel, ch.id, ch.recv, ch.send, send, recv, redop, spc, sps)
-            else:
-                cls = PrimitivesLL if proto == "LL" else PrimitivesLL128
-                prims = cls(kernel, ch.id, ch.recv, ch.send, send, recv, redop)
-            if tracer is not None:
-                prims.locate = _locator(func, w, self.nranks, send.itemsize, ch.ring.user_ranks[0])
-            if func == "AllReduce":
-                gen = all_reduce.run_ring(prims, ch.ring, w, self.nranks)
-            elif func == "ReduceScatter":
-                gen = reduce_scatter.run_ring(prims, ch.ring, w, self.nranks)
-            elif func == "AllGather":
-                gen = all_gather.run_ring(prims, ch.ring, w, self.nranks, in_place)
-            elif func == "Broadcast":
-                gen = broadcast.run_ring(prims, ch.ring, w, self.nranks, root, in_place)
-            else:
-                gen = reduce.run_ring(prims, ch.ring, w, self.nranks, root)
-            works.append(_finishing(gen, prims, w))
+        works = launch.channel_works(kernel, plan, self.channels, self.nranks, send, recv, redop, root, in_place,
+                                     chunk_steps, slice_steps)
         kernel.run(works)
         sends = [op for op in proxy_ops if op.nc.conn.is_send]
         if sends:  # the proxy has handed our last steps to the network: see net.wait_sent
@@ -396,28 +368,6 @@ class Communicator:
         if tracer is not None:
             tracer.add("coll", self.op_count, func, plan.algo, proto, count, dtype_name(send.dtype) if func not in
                        ("AllGather", "Broadcast") else "int8", redop.name, root, plan.nchannels, t0, now())
-
-    def _tree_works(self, kernel: Kernel, ch: Channel, w, proto: str, send, recv, redop: RedOp) -> list:
-        """Tree AllReduce on one channel: ``run_tree_split`` (NCCL's default), or with ``NCCLLAB_TREE_UPDOWN=1``
-        ``run_tree_up_down``; each thread group is one generator of the kernel."""
-
-        def prims(recv_peers, send_peers, group: int):  # NCCL's Primitives constructor over this channel's peers
-            recv_conns = [ch.recv_from[p] for p in recv_peers if p != -1]
-            send_conns = [ch.send_to[p] for p in send_peers if p != -1]
-            if proto == "Simple":  # Tree/Simple is ProtoSimple<1, 1>
-                p = PrimitivesSimple(kernel, ch.id, recv_conns, send_conns, send, recv, redop, 1, 1, group)
-            else:
-                cls = PrimitivesLL if proto == "LL" else PrimitivesLL128
-                p = cls(kernel, ch.id, recv_conns, send_conns, send, recv, redop, group)
-            if self.tracer is not None:
-                p.locate = lambda prim, src, dst: all_reduce.locate_tree(w, prim, src, dst)
-            return p
-
-        if env_int("NCCLLAB_TREE_UPDOWN", 0):
-            groups = [all_reduce.run_tree_up_down(prims, ch.tree, w)]
-        else:
-            groups = all_reduce.run_tree_split(prims, ch.tree, w)
-        return [_traced_channel(g, self.tracer, kernel, w) for g in groups]
 
     # --- public API (ncclAllReduce & co.), numpy arrays in and out: ours and nccl4py's forms (see api.py) ---
     @classmethod
@@ -486,9 +436,8 @@ class Communicator:
     def _proxy_ops(self, func: str, plan: enqueue.Plan, root: int) -> list:
         """``ncclProxySaveOp``: for each NET connector this collective uses, how many steps it moves."""
         ops = []
-        simple_ring = plan.proto == "Simple" and plan.algo == "Ring"  # calcCollChunking: others move 1 step a chunk
-        sps = enqueue.SLICESTEPS[func] if simple_ring else 1
-        chunk_steps = enqueue.CHUNKSTEPS[func] if simple_ring else 1
+        chunk_steps, sps = PROTOCOLS[plan.proto].chunk_slice_steps(plan.algo, enqueue.CHUNKSTEPS[func],
+                                                                   enqueue.SLICESTEPS[func])
         for w in plan.works:
             ch = self.channels[w.channel]
             if plan.algo == "Tree":
@@ -515,7 +464,7 @@ class Communicator:
             algo, proto, predicted = self.cost_model.choose(func, nbytes)
             if debug.enabled("TRACE", "COLL"):  # topoGetAlgoInfo prints the ids
                 debug.trace("COLL", f"{nbytes} Bytes -> Algo {enqueue.ALGOS.index(algo)} proto "
-                                    f"{enqueue.PROTOS.index(proto)} time {predicted:f}")
+                                    f"{PROTOCOLS[proto].id} time {predicted:f}")
             plan = self._plans[key] = enqueue.schedule_coll(self.tuning, func, count, key[2], algo, proto)
         return plan
 
@@ -576,28 +525,5 @@ class Communicator:
             self.bootstrap.close()
 
 
-def _locator(func: str, work, nranks: int, esize: int, rank: int):
-    """For the trace: the algorithm's map from a call's element offsets to its (loop, chunk)."""
-    if func == "AllGather":
-        return lambda prim, src, dst: all_gather.locate(work, nranks, esize, prim, src, dst, rank)
-    mod = {"AllReduce": all_reduce, "ReduceScatter": reduce_scatter, "Broadcast": broadcast, "Reduce": reduce}[func]
-    return lambda prim, src, dst: mod.locate(work, nranks, esize, prim, src, dst)
-
-
 def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
-
-
-def _finishing(gen, prims, work):
-    """Run a channel's algorithm, then save its step counters (the primitives' destructor)."""
-    yield from _traced_channel(gen, prims.tracer, prims.kernel, work)
-    prims.finish()
-
-
-def _traced_channel(gen, tracer, kernel, work):
-    """Run one thread group of a channel; with tracing, record it as a ``channel`` event."""
-    t0 = now() if tracer is not None else 0
-    yield from gen
-    if tracer is not None:
-        tracer.add("channel", kernel.op_count, work.channel, work.part_offset, work.part_count, work.chunk_count,
-                   t0, now())

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from include.device import NCCL_STEPS
+from include.protocols import LL, LL128, PROTOCOLS, SIMPLE
+
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
-PROTOS = ("LL", "LL128", "Simple")
 ALGOS = ("Tree", "Ring")
-GRAIN = {"LL": 16, "LL128": 1920, "Simple": 512}          # ncclProtoGrainSize
 CHUNKSTEPS = {"AllReduce": 4, "AllGather": 4, "ReduceScatter": 4, "Broadcast": 1, "Reduce": 1}
 SLICESTEPS = {"AllReduce": 2, "AllGather": 2, "ReduceScatter": 2, "Broadcast": 1, "Reduce": 1}
 MIN_TRAFFIC_PER_CHANNEL = 32 << 10
@@ -55,12 +56,9 @@ def default_tuning(nranks: int, nchannels: int, buff_sizes: dict, nthreads: int 
     gets ``nthreads`` (LL128: ``ll128_nthreads``)."""
     threads, thresholds = {}, {}
     for algo in ALGOS:
-        threads[(algo, "Simple")] = nthreads
-        threads[(algo, "LL")] = nthreads
-        threads[(algo, "LL128")] = ll128_nthreads
-        thresholds[(algo, "LL")] = 8 * (nranks if algo == "Ring" else 1)  # NCCL_LL_THREAD_THRESHOLD
-        thresholds[(algo, "LL128")] = 8                                     # NCCL_LL128_THREAD_THRESHOLD
-        thresholds[(algo, "Simple")] = 64                                   # NCCL_SIMPLE_THREAD_THRESHOLD
+        for p in PROTOCOLS.values():
+            threads[(algo, p.name)] = ll128_nthreads if p is LL128 else nthreads
+            thresholds[(algo, p.name)] = p.threshold(algo, nranks)  # NCCL_*_THREAD_THRESHOLD
     if max_threads:
         threads.update({k: v for k, v in max_threads.items() if k[0] in ALGOS})
     return Tuning(nranks, nchannels, dict(buff_sizes), threads, thresholds, nnodes)
@@ -74,7 +72,7 @@ def topo_get_algo_info(t: Tuning, algo: str, proto: str, nbytes: int) -> tuple[i
         nc -= 1
     while nbytes < nc * nt * thr and nt % 128 == 0:
         nt //= 2
-    if proto == "Simple":
+    if PROTOCOLS[proto] is SIMPLE:
         nt += WARP_SIZE if algo == "Ring" else 4 * WARP_SIZE
     nt = max(nt, 3 * WARP_SIZE)
     if algo == "Tree":
@@ -85,14 +83,10 @@ def topo_get_algo_info(t: Tuning, algo: str, proto: str, nbytes: int) -> tuple[i
 def calc_coll_chunking(t: Tuning, func: str, algo: str, proto: str, nbytes: int = 0, nchannels: int = 1) -> int:
     """Chunk size in bytes, aligned down to the protocol grain.  Only Ring/Simple has several steps per chunk; Ring
     never shrinks with the size (the device's last loop does), Tree/LL128 halves its chunk for small parts."""
-    step_size = t.buff_sizes[proto] // 8
-    simple_ring = proto == "Simple" and algo == "Ring"
-    chunk = step_size * (CHUNKSTEPS[func] if simple_ring else 1)
-    if proto == "LL":
-        chunk //= 2
-    elif proto == "LL128":
-        chunk = chunk // 16 * 15
-    if algo == "Tree" and proto == "LL128":
+    p = PROTOCOLS[proto]
+    chunk_steps, _ = p.chunk_slice_steps(algo, CHUNKSTEPS[func], SLICESTEPS[func])
+    chunk = p.step_data_bytes(t.buff_sizes[proto] // NCCL_STEPS * chunk_steps)
+    if algo == "Tree" and p is LL128:
         f32 = np.float32                              # NCCL computes these thresholds in float
         ppn = f32(t.nranks) / f32(t.nnodes)
         nsteps = f32(1 + (t.nnodes.bit_length() - 1) + 0.1 * float(ppn))
@@ -100,7 +94,7 @@ def calc_coll_chunking(t: Tuning, func: str, algo: str, proto: str, nbytes: int 
             chunk //= 2
         while f32(nbytes // (nchannels * chunk)) < f32(nsteps * f32(16)) / ppn and chunk > 32768:
             chunk //= 2
-    return chunk // GRAIN[proto] * GRAIN[proto]
+    return chunk // p.grain * p.grain
 
 
 @dataclass(frozen=True)
@@ -139,7 +133,7 @@ def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "
     n_max_ch, n_warps = topo_get_algo_info(t, algo, proto, nbytes)
     if count == 0:
         return Plan(func, algo, proto, elt_size, 0, n_max_ch, n_warps, ())
-    tpb = traffic_per_byte(func, n) * (4 if proto == "LL" else 1)
+    tpb = traffic_per_byte(func, n) * (4 if PROTOCOLS[proto] is LL else 1)
     task_traffic = count * elt_size * tpb
     comm_channels = t.nchannels
     nch = min(n_max_ch, comm_channels)
@@ -170,7 +164,7 @@ def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "
         count_hi -= excess
     else:
         count_lo -= excess
-    grain = GRAIN[proto]
+    grain = PROTOCOLS[proto].grain
     elts_per_grain = grain // elt_size
     global_bytes = elt_size * max_send_recv_count(func, n, 1)  # per element, not traffic (no x2 for AllReduce)
     parts = [count_lo] + [count_mid] * n_mid + ([count_hi] if cells_hi else [])

@@ -190,7 +190,7 @@ def _ll_sender(monkeypatch, step: int):
     from collectives.device import prims_ll
     from collectives.device.reduce_copy import RedOp
     from include import device
-    from include.device import Connector
+    from include.connector import Connector
     monkeypatch.setattr(prims_ll, "LL_CLEAN_MASK", 0x78)
     monkeypatch.setattr(device, "LL_FLAG_MOD", 256)
     z = lambda dt: np.zeros(1, dt)  # noqa: E731

@@ -34,13 +34,13 @@ import time
 import numpy as np
 
 from misc import futex
-from include.device import NCCL_STEPS, ll_flag
+from include.device import NCCL_STEPS
 
-from include.device import PROTOS, Connector
+from include.connector import Connector
+from include.protocols import PROTOCOLS, PROTOS
 from .net_plugin import NetError
 
 NAME = "NET"
-LL_FLAG_SHIFT = np.uint64(32)
 
 
 def make_connector(peer: int, is_send: bool, buff_sizes: dict, transport: str) -> Connector:
@@ -68,6 +68,7 @@ class ProxyOp:
     def __init__(self, nc: NetConnection, proto: str, nsteps: int, slice_steps: int, chunk_steps: int,
                  tracer=None, seq: int = 0):
         self.nc, self.proto, self.nsteps, self.slice_steps = nc, proto, nsteps, slice_steps
+        self.protocol = PROTOCOLS[proto]
         self.tracer, self.seq = tracer, seq
         self.chunk_steps = chunk_steps
         self.t_start = 0
@@ -141,19 +142,9 @@ class ProxyOp:
         return progressed
 
     def _ready(self, step: int, size: int) -> bool:
-        """``sendProxyProgress``: the kernel has posted ``tail`` past this step (every protocol but LL), and for
-        LL every line, for LL128 in host memory every line's flag word, carries the step's flag."""
+        """The protocol's rule (``Protocol.proxy_ready``) on this connection's slot."""
         conn = self.nc.conn
-        if self.proto != "LL" and int(conn.tail[0]) <= step:
-            return False
-        if self.proto == "Simple":
-            return True
-        words = conn.words[self.proto][step % NCCL_STEPS]
-        if self.proto == "LL":
-            lines = words[:2 * (-(-size // 16))]
-            return bool(np.all((lines >> LL_FLAG_SHIFT) == np.uint64(ll_flag(step))))
-        nlines = size // 128
-        return bool(np.all(words[:nlines * 16].reshape(-1, 16)[:, 15] == np.uint64(step + 1)))
+        return self.protocol.proxy_ready(conn.words[self.proto][step % NCCL_STEPS], int(conn.tail[0]), step, size)
 
     def recv_progress(self) -> bool:
         nc, conn, progressed = self.nc, self.nc.conn, False

@@ -11,8 +11,7 @@ from __future__ import annotations
 from misc.param import env_int
 from tracing import debug
 
-from include.device import (DOORBELL_OFFSET, HEAD_OFFSET, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector,
-                        recv_layout)
+from include.connector import DOORBELL_OFFSET, HEAD_OFFSET, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector, recv_layout
 from misc.shm_segment import ShmSegment
 
 NAME = "SHM"

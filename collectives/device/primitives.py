@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from include.device import NCCL_STEPS
-from include.device import Connector
+from include.connector import Connector
 
 from tracing.events import now
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from include.device import NCCL_STEPS
+
 from . import ll_kernels as K
 from .primitives import div_up
 from .prims_ll import PrimitivesLL
@@ -54,7 +56,7 @@ class PrimitivesLL128(PrimitivesLL):
         step = self.send_step + self.send_pairs[i][1]
         wire = self.slot_words(conn, step)
         if conn.conn_fifo is not None:
-            conn.conn_fifo[step % 8] = nslices * 2048
+            conn.conn_fifo[step % NCCL_STEPS] = nslices * 2048
         K.ll128_pack(wire, self.sbuf, nslices, K.LL128_PERM)
         K.ll128_set_flags(wire, nslices * 16, np.uint64(step + 1))
         if conn.conn_fifo is not None:  # proxied: also publish tail (NCCL: fence, then tail += 1)

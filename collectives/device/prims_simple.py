@@ -16,6 +16,8 @@ at once by writing ``head``.
 """
 from __future__ import annotations
 
+from include.device import NCCL_STEPS
+
 from .primitives import Primitives, div_up
 from .reduce_copy import reduce_copy
 
@@ -29,7 +31,7 @@ class PrimitivesSimple(Primitives):
                          chunk_steps=slice_per_chunk * step_per_slice)
         self.spc, self.sps = slice_per_chunk, step_per_slice
         conn = self.recv_conn or self.send_conn
-        self.step_elems = conn.step_size("Simple") // self.esize
+        self.step_elems = conn.step_size(self.proto) // self.esize
         if self.recv_pairs:
             self.post_heads()  # return the credit of the steps we skipped
 
@@ -56,7 +58,7 @@ class PrimitivesSimple(Primitives):
                 yield from self.wait_send_credit(sps)
                 for sconn, delta in self.send_pairs:
                     if sconn.conn_fifo is not None:  # a proxy sends this slice: tell it the size
-                        sconn.conn_fifo[(self.send_step + delta) % 8] = real * esize
+                        sconn.conn_fifo[(self.send_step + delta) % NCCL_STEPS] = real * esize
             if real:
                 nbytes = real * esize
                 srcs, dsts = [], []
@@ -64,12 +66,12 @@ class PrimitivesSimple(Primitives):
                     srcs.append(self.source(src_ix + offset, real, from_output))
                 if recv:
                     for rconn, delta in self.recv_pairs:
-                        srcs.append(rconn.slot("Simple", self.recv_step + delta, nbytes).view(dtype))
+                        srcs.append(rconn.slot(self.proto, self.recv_step + delta, nbytes).view(dtype))
                 if dst_ix is not None:
                     dsts.append(self.output[dst_ix + offset:dst_ix + offset + real])
                 if send:
                     for sconn, delta in self.send_pairs:
-                        dsts.append(sconn.slot("Simple", self.send_step + delta, nbytes).view(dtype))
+                        dsts.append(sconn.slot(self.proto, self.send_step + delta, nbytes).view(dtype))
                 reduce_copy(self.op, srcs, dsts, pre_op=src_ix is not None and not from_output, post_op=post_op)
             if recv:
                 self.recv_step += sps

@@ -10,7 +10,6 @@ only.  ``NCCL_MAX_CTAS`` / ``NCCL_MIN_CTAS`` (``comm->config.maxCTAs/minCTAs``) 
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from include.device import MAXCHANNELS

@@ -15,9 +15,9 @@ import numpy as np
 
 from misc.param import env_int
 from tracing import debug
+from include.protocols import PROTOS
 
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
-PROTOS = ("LL", "LL128", "Simple")
 ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
 
 
