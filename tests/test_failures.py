@@ -37,13 +37,16 @@ def test_sigkill_mid_collective_names_the_missing_rank(algo):
     assert not leftover_segments()
 
 
-def test_stuck_rank_times_out_naming_channel_step_and_peer():
-    proc = run_ranks(3, "stuck", "7", env={"NCCLLAB_TIMEOUT": "3"}, check=False, timeout=120)
+def test_stuck_rank_times_out_naming_channel_step_and_peer(tmp_path):
+    """Rank 1 absent: the rank waiting for it names channel, step and peer (in its line or, when another rank timed
+    out first and it only saw that abort, in its hang report)."""
+    proc = run_ranks(3, "stuck", "7", env={"NCCLLAB_TIMEOUT": "3", "NCCLLAB_HANG_DIR": str(tmp_path)}, check=False,
+                     timeout=120)
     assert proc.returncode != 0
-    msgs = [line for line in proc.stderr.splitlines() if "made no progress" in line]
-    assert msgs, proc.stderr[-3000:]
+    printed = [line for line in proc.stderr.splitlines() if "made no progress" in line]
+    assert printed and "NCCLLAB_TIMEOUT" in printed[0], proc.stderr[-3000:]
+    msgs = printed + [json.loads(p.read_text())["error"] for p in tmp_path.glob("hang-rank*.json")]
     assert any("channel 0 step" in m and "from rank 1" in m for m in msgs), msgs
-    assert "NCCLLAB_TIMEOUT" in msgs[0]
 
 
 def test_stuck_rank_in_a_tree_names_the_thread_group(tmp_path):

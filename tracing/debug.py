@@ -35,7 +35,7 @@ def _init() -> dict:
     if "ALL" in names:
         names = set(SUBSYS)
     mask = set(SUBSYS) - names if invert else names
-    out: TextIO = sys.stdout
+    out: TextIO | None = None  # None: whatever sys.stdout is when a line is written
     path = os.environ.get("NCCL_DEBUG_FILE", "").strip()
     host = socket.gethostname().split(".")[0]
     if path and level:
@@ -49,7 +49,7 @@ def reset() -> None:
     """Read the environment again at the next line (``ncclResetDebugInit``)."""
     with _lock:
         out = _state.get("out")
-        if out is not None and out is not sys.stdout:
+        if out is not None:  # only NCCL_DEBUG_FILE is ours to close, never a standard stream
             out.close()
         _state.clear()
 
@@ -78,8 +78,9 @@ def _prefix() -> str:
 def _emit(line: str) -> None:
     with _lock:
         st = _init()
-        st["out"].write(line + "\n")
-        st["out"].flush()
+        out = st["out"] or sys.stdout
+        out.write(line + "\n")
+        out.flush()
 
 
 def info(subsys: str, msg: str) -> None:
