@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import collectives
-from collectives import reference
+from collectives.colls import COLLECTIVES
 from collectives.device.reduce_copy import DTYPES
 from collectives.launch import under_mpirun
 from collectives.perf import parse_size
@@ -53,40 +53,26 @@ def poisoned(count: int, dtype: np.dtype) -> np.ndarray:
 def one_collective(comm, rng: np.random.Generator, seed: int, max_bytes: int) -> tuple[str, bool]:
     """Draw one collective, run it, compare with the reference: (description, equal)."""
     n, r = comm.nranks, comm.rank
-    func = str(rng.choice(["AllReduce", "AllGather", "ReduceScatter", "Broadcast", "Reduce"]))
+    coll = COLLECTIVES[str(rng.choice(sorted(COLLECTIVES)))]
     dtype = DTYPES[str(rng.choice(sorted(DTYPES)))]
     op, root, in_place = str(rng.choice(OPS)), int(rng.integers(n)), bool(rng.integers(2))
     nbytes = 0 if rng.random() < 0.05 else int(2 ** rng.uniform(0, np.log2(max_bytes)))
-    per_rank = func in ("AllGather", "ReduceScatter")
-    count = nbytes // dtype.itemsize // (n if per_rank else 1)
-    kw = comm.reference_config(func, count, dtype)
-    what = f"{func} count={count} {dtype} op={op} root={root} in_place={in_place} {kw['algo']}/{kw['proto']}"
-    if func == "AllReduce":
-        xs = inputs(seed, n, count, dtype)
-        out = xs[r].copy() if in_place else poisoned(count, dtype)
-        got, want = comm.all_reduce(out if in_place else xs[r], op=op, out=out), reference.all_reduce(xs, op, **kw)
-    elif func == "ReduceScatter":
-        xs = inputs(seed, n, count * n, dtype)
-        buf = xs[r].copy()
-        out = buf[r * count:(r + 1) * count] if in_place else poisoned(count, dtype)
-        got, want = comm.reduce_scatter(buf, op=op, out=out), reference.reduce_scatter(xs, r, op, **kw)
-    elif func == "AllGather":
-        xs = inputs(seed, n, count, dtype)
-        out = poisoned(count * n, dtype)
-        mine = out[r * count:(r + 1) * count] if in_place else xs[r]
-        mine[...] = xs[r]
-        got, want = comm.all_gather(mine, out=out), reference.all_gather(xs)
-    elif func == "Broadcast":
-        xs = inputs(seed, n, count, dtype)
-        out = (xs[r].copy() if r == root else poisoned(count, dtype)) if in_place else poisoned(count, dtype)
-        got, want = comm.broadcast(out if in_place else xs[r], root=root, out=out), reference.broadcast(xs, root)
+    count = nbytes // dtype.itemsize // (n if coll.per_rank else 1)
+    nsend, nrecv = (count * n if coll.name == "ReduceScatter" else count), (count * n if coll.name == "AllGather"
+                                                                           else count)
+    kw = comm.reference_config(coll.name, count, dtype)
+    what = f"{coll.name} count={count} {dtype} op={op} root={root} in_place={in_place} {kw['algo']}/{kw['proto']}"
+    xs = inputs(seed, n, nsend, dtype)
+    buf = poisoned(max(nsend, nrecv), dtype)
+    if in_place:
+        send, out = coll.in_place(buf, r, count)
+        send[...] = xs[r]
     else:
-        xs = inputs(seed, n, count, dtype)
-        out = xs[r].copy() if in_place else poisoned(count, dtype)
-        got = comm.reduce(out if in_place else xs[r], root=root, op=op, out=out)
-        if r != root:
-            return what, True
-        want = reference.reduce(xs, root, op, **kw)
+        send, out = xs[r], buf[:nrecv]
+    got = coll.call(comm, send, out, op, root)
+    want = coll.reference(xs, r, op, root, **kw)
+    if want is None:  # a non-root rank of Reduce: NCCL defines nothing there
+        return what, True
     u = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[dtype.itemsize]
     return what, bool(np.array_equal(np.asarray(got).view(u), np.asarray(want).view(u)))
 

@@ -17,16 +17,12 @@ from typing import Sequence
 
 import numpy as np
 
-from . import reference
+from .colls import BY_CLI
 from .comm import Communicator
 from .device.reduce_copy import DTYPES, parse_dtype, parse_op
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 
-COLLS = {"allreduce": "AllReduce", "allgather": "AllGather", "reducescatter": "ReduceScatter",
-         "broadcast": "Broadcast", "reduce": "Reduce"}
-BUS_FACTOR = {"AllReduce": lambda n: 2 * (n - 1) / n, "AllGather": lambda n: (n - 1) / n,
-              "ReduceScatter": lambda n: (n - 1) / n, "Broadcast": lambda n: 1.0, "Reduce": lambda n: 1.0}
 NCCL_TESTS_TYPE = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
                    "uint64": "uint64", "float16": "half", "float32": "float", "float64": "double",
                    "bfloat16": "bfloat16"}
@@ -60,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="int8 uint8 int32 uint32 int64 uint64 half/float16 bfloat16 float/float32 double/float64")
     p.add_argument("-o", "--op", default="sum", help="sum, prod, min, max or avg")
     p.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce")
-    p.add_argument("--coll", choices=sorted(COLLS), default="allreduce", help="the collective to run")
+    p.add_argument("--coll", choices=sorted(BY_CLI), default="allreduce", help="the collective to run")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON records ('-': to stdout, and the "
                                                   "table to stderr)")
     p.add_argument("--topo", metavar="XML", help="one node's topology: run with the rings, tree chains, tree "
@@ -120,7 +116,8 @@ def _poison(buf: np.ndarray) -> None:
 class Runner:
     def __init__(self, comm: Communicator, args):
         self.comm, self.args = comm, args
-        self.func = COLLS[args.coll]
+        self.coll = BY_CLI[args.coll]
+        self.func = self.coll.name
         self.dtype_name = parse_dtype(args.datatype)
         self.dtype = DTYPES[self.dtype_name]
         self.op = parse_op(args.op)
@@ -128,23 +125,10 @@ class Runner:
 
     def counts(self, size: int) -> tuple[int, int, int]:
         """(param count, send count, recv count) as nccl-tests' ``*GetCollByteCount``."""
-        n, ts = self.comm.nranks, self.dtype.itemsize
-        if self.func in ("AllGather", "ReduceScatter"):
-            per = (size // ts // n) & ~(16 // ts - 1)
-            return (per, per, per * n) if self.func == "AllGather" else (per, per * n, per)
-        return size // ts, size // ts, size // ts
+        return self.coll.counts(size, self.dtype.itemsize, self.comm.nranks)
 
     def _call(self, send, out):
-        c, a = self.comm, self.args
-        if self.func == "AllReduce":
-            return c.all_reduce(send, op=self.op, out=out)
-        if self.func == "AllGather":
-            return c.all_gather(send, out=out)
-        if self.func == "ReduceScatter":
-            return c.reduce_scatter(send, op=self.op, out=out)
-        if self.func == "Broadcast":
-            return c.broadcast(send, root=a.root, out=out)
-        return c.reduce(send, root=a.root, op=self.op, out=out)
+        return self.coll.call(self.comm, send, out, self.op, self.args.root)
 
     def _buffers(self, size: int, in_place: bool):
         param, nsend, nrecv = self.counts(size)
@@ -179,16 +163,7 @@ class Runner:
         send[...] = np.asarray(inputs[r])
         result = self._call(send, out)
         kw = comm.reference_config(self.func, param, self.dtype)
-        if self.func == "AllReduce":
-            expect = reference.all_reduce(inputs, self.op, **kw)
-        elif self.func == "AllGather":
-            expect = reference.all_gather(inputs)
-        elif self.func == "ReduceScatter":
-            expect = reference.reduce_scatter(inputs, r, self.op, **kw)
-        elif self.func == "Broadcast":
-            expect = reference.broadcast(inputs, self.args.root)
-        else:
-            expect = reference.reduce(inputs, self.args.root, self.op, **kw) if r == self.args.root else None
+        expect = self.coll.reference(inputs, r, self.op, self.args.root, **kw)
         if expect is None:
             return 0
         size_u = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[self.dtype.itemsize]
@@ -212,9 +187,9 @@ class Runner:
                 if args.check:
                     wrong = sum(comm.bootstrap.allgather_obj(self.check_one(size, in_place, seed + size)))
                     total_wrong += wrong
-                algbw = (param * self.dtype.itemsize * (n if self.func in ("AllGather", "ReduceScatter") else 1)
+                algbw = (param * self.dtype.itemsize * (n if self.coll.per_rank else 1)
                          / 1e9 / t) if t > 0 else 0.0
-                busbw = algbw * BUS_FACTOR[self.func](n)
+                busbw = algbw * self.coll.bus_factor(n)
                 busbws.append(busbw)
                 cells.append((t * 1e6, algbw, busbw, wrong))
                 plan = comm.plan(self.func, param, self.dtype)
@@ -266,8 +241,8 @@ class Runner:
               f"{'(GB/s)':>6}  {'':>6}  {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}", file=out, flush=True)
 
     def _row(self, out, nbytes: int, count: int, cells) -> None:
-        root = self.args.root if self.func in ("Broadcast", "Reduce") else -1
-        op = self.op if self.func in ("AllReduce", "ReduceScatter", "Reduce") else "none"
+        root = self.args.root if self.coll.rooted else -1
+        op = self.op if self.coll.reduces else "none"
         line = f"{nbytes:12d}  {count:12d}  {NCCL_TESTS_TYPE[self.dtype_name]:>8}  {op:>6}  {root:6d}"
         for t, algbw, busbw, wrong in cells:
             line += f"  {float_str(t, 7)}  {float_str(algbw, 6)}  {float_str(busbw, 6)}  "
@@ -319,7 +294,7 @@ def check_args(args, nranks: int) -> str | None:
         model = CostModel(cpu_lab(nranks, args.nodes), os.environ.get("NCCL_PROTO", ""),
                           os.environ.get("NCCL_ALGO", ""))
         if nranks > 1:  # a setting that leaves this collective nothing to run fails here, not on every rank
-            model.choose(COLLS[args.coll], max(1, args.maxbytes))
+            model.choose(BY_CLI[args.coll].name, max(1, args.maxbytes))
     except ValueError as exc:
         return str(exc)
     if args.coll in ("broadcast", "reduce") and not 0 <= args.root < nranks:

@@ -19,7 +19,8 @@ import sys
 from .graph import tuning
 from .graph.cost_model import CostModel, Graph, Machine
 from .graph.presets import PRESETS, preset
-from .perf import BUS_FACTOR, COLLS, parse_size, sizes
+from .colls import BY_CLI, COLLECTIVES
+from .perf import parse_size, sizes
 
 
 def machine_from_args(a) -> Machine:
@@ -68,7 +69,7 @@ def predict(model: CostModel, func: str, nbytes: int) -> list[dict]:
         ai, pi = ("Tree", "Ring").index(a), ("LL", "LL128", "Simple").index(p)
         algbw = nbytes / (t * 1e3) if t > 0 else 0.0
         rows.append({"size": nbytes, "algo": a, "proto": p, "time_us": t, "algbw": algbw,
-                     "busbw": algbw * BUS_FACTOR[func](n), "chosen": (a, p) == (algo, proto),
+                     "busbw": algbw * COLLECTIVES[func].bus_factor(n), "chosen": (a, p) == (algo, proto),
                      "lat_us": float(model.lat[func][ai][pi]), "bw_model": float(model.bw[func][ai][pi])})
     return rows
 
@@ -91,7 +92,7 @@ def main(argv=None) -> int:
     p.add_argument("--tree-bw", type=float)
     p.add_argument("--tree-bw-inter", type=float)
     p.add_argument("--cpu-vendor", default="intel", choices=["intel", "amd", "mixed", "other"])
-    p.add_argument("--coll", choices=sorted(COLLS), default="allreduce")
+    p.add_argument("--coll", choices=sorted(BY_CLI), default="allreduce")
     p.add_argument("-b", "--minbytes", type=parse_size, default=8)
     p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("1G"))
     p.add_argument("-f", "--stepfactor", type=int, default=4)
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
         print(f"python -m collectives.tune: {e}", file=sys.stderr)
         return 2
     model = CostModel(machine, a.proto, a.algo)
-    func = COLLS[a.coll]
+    func = BY_CLI[a.coll].name
     out = sys.stdout if a.json != "-" else sys.stderr
     print(f"# {func} on {machine.name}: {machine.n_nodes} node(s) x {machine.gpus_per_node}, cc {machine.min_comp_cap},"
           f" ring {machine.ring.n_channels} x {machine.ring.bw_intra:g} GB/s, tree {machine.tree.n_channels} x "
