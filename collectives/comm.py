@@ -4,7 +4,7 @@
 Init: bootstrap ring, allgather of peer info (host hash, pid, ...), the search's channel count and one ring per
 channel (``setupChannel``), the Postset doubling (channel c + n: ring c with tree 1), then
 ``ncclTransportRingConnect`` (recv from ``ring.prev``, send to ``ring.next``) and ``ncclTransportTreeConnect``
-(both directions with ``up`` and ``down[]``), through ``collectives.transport``.
+(both directions with ``up`` and ``down[]``), through ``transports.connections``.
 A collective: check the arguments, publish its signature, choose algorithm and protocol (the cost model), split it
 across channels (``enqueue.schedule_coll``), and run each channel's algorithm (``device/*.run_ring``,
 ``all_reduce.run_tree_split``) over the protocol's primitives in one kernel.
@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,13 +22,15 @@ from tracing import debug
 from tracing.events import from_env as tracer_from_env
 from tracing.events import now
 from tracing.hang import report_dir, write_report
-from transports import net, shm
+from transports import net
+from transports.base import CommInfo
+from transports.connections import Connections, connect_rings, connect_trees
 from include.connector import Connector
 from misc.shm_segment import ShmError
 
 from misc import sockets
 
-from . import api, enqueue, transport
+from . import api, enqueue
 from .bootstrap import Bootstrap, UniqueId
 from .device import launch
 from .device.common import CollectiveError, Kernel
@@ -42,7 +43,7 @@ from .graph.rings import Ring, parse_rings, ring_log_line, ring_orders, setup_ri
 from .graph.trees import TreeNode, channel_trees, tree_pattern, trees_log_line
 from include.device import MAXCHANNELS, NCCL_STEPS
 from include.protocols import PROTOCOLS
-from misc.param import env_int, env_str, timeout_s
+from misc.param import env_int, env_str
 from .status import FUNC_CODES, StatusPage, describe
 
 # The ring graph's channel count on this CPU (NCCL takes it from its topology search; Postset then doubles it).
@@ -83,10 +84,7 @@ class Communicator:
         self._destroyed = False
         self.bootstrap = Bootstrap(unique_id, rank, nranks)
         self._status_pages: dict[int, StatusPage] = {}
-        self._shm: shm.ShmSetup | None = None
-        self.proxy = None
-        self.net_plugin = None
-        self.net_connections: list = []
+        self.conns: Connections | None = None  # the transports' state: segments, net plugin, proxy
         try:
             self._init_transports(unique_id, rings, nchannels, protocols, algorithms)
         except BaseException as exc:
@@ -158,9 +156,13 @@ class Communicator:
         debug.info("INIT", trees_log_line(self.rank, self.trees))
         self._connect_status()
         if self.nranks > 1:
-            transport.connect_rings(self)
+            node = self.node_of_rank
+            dev = lambda r: [q for q in range(self.nranks) if node[q] == node[r]].index(r)  # noqa: E731
+            self.conns = Connections(CommInfo(self.tag, self.rank, self.buff_sizes, dev), self.bootstrap,
+                                     self.peer_info)
+            connect_rings(self.conns, self.channels)
             if self.cost_model.algo_usable("AllReduce", "Tree"):
-                transport.connect_trees(self)
+                connect_trees(self.conns, self.channels)
         self.tracer = tracer_from_env(self.rank, self.describe())
         debug.info("INIT", f"ncclCommInitRank comm {hex(id(self))} rank {self.rank} nranks {self.nranks} "
                            f"cudaDev {self.local_rank} "
@@ -206,7 +208,7 @@ class Communicator:
                 "transports": [ch.send.transport if ch.send else None for ch in self.channels],
                 "connections": [{p: c.transport for p, c in ch.send_to.items()} for ch in self.channels],
                 "channel_origin": self.channel_origin,
-                "net": bool(self.net_connections)}
+                "net": bool(self.conns and self.conns.proxied)}
 
     def _hang_report(self, kernel: Kernel, error: str) -> dict:
         waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % NCCL_STEPS, "prim": prim}
@@ -217,34 +219,26 @@ class Communicator:
         return {"rank": self.rank, "nranks": self.nranks, "pid": os.getpid(), "func": kernel.func,
                 "op_count": kernel.op_count, "waits": waits, "error": error, "last_events": last}
 
-    def _close_net(self) -> None:
-        """Let the proxy finish what the last collective posted (within the deadline), then close."""
-        if self.proxy is not None:
-            end = time.monotonic() + timeout_s()
-            while not self.proxy.idle() and not self.proxy.error and time.monotonic() < end:
-                time.sleep(0.001)
-            self.proxy.stop()
-            self.proxy = None
-        for nc in self.net_connections:
-            (nc.plugin.close_send if nc.conn.is_send else nc.plugin.close_recv)(nc.comm)
-        self.net_connections = []
+    def _free_connections(self) -> None:
+        """The transports' ``free``: the proxy first finishes its last ops, so their events are in the trace."""
+        if self.conns is not None:
+            self.conns.free()
+            self.conns = None
 
     def _flush_trace(self) -> None:
         if getattr(self, "tracer", None) is not None:
             self.tracer.flush()
 
     def _release_segments(self) -> None:
-        if self._shm is not None:
-            self._shm.unlink_all()
         page = self._status_pages.get(self.rank)
         if page is not None:
             page.seg.unlink()
 
     # ------------------------------------------------------------------ health (called while a kernel spins)
     def _health(self, kernel: Kernel) -> None:
-        if self.proxy is not None and self.proxy.error:
-            raise CollectiveError(f"rank {self.rank}: {self.proxy.error}; during {kernel.func}: "
-                                  f"{kernel.describe_wait()}")
+        failure = self.conns.error() if self.conns is not None else None
+        if failure:
+            raise CollectiveError(f"rank {self.rank}: {failure}; during {kernel.func}: {kernel.describe_wait()}")
         for r, page in self._status_pages.items():
             if r == self.rank:
                 continue
@@ -356,9 +350,10 @@ class Communicator:
         t0 = now() if tracer is not None else 0
         chunk_steps, slice_steps = PROTOCOLS[proto].chunk_slice_steps(plan.algo, enqueue.CHUNKSTEPS[func],
                                                                       enqueue.SLICESTEPS[func])
-        proxy_ops = self._proxy_ops(func, plan, root) if self.proxy is not None else []
-        if proxy_ops:
-            self.proxy.post(proxy_ops)
+        proxy_ops = []
+        if self.conns is not None and self.conns.proxied:
+            steps = enqueue.proxy_steps(plan, self.channels, self.nranks, root, chunk_steps)
+            proxy_ops = self.conns.save_ops(steps, proto, slice_steps, chunk_steps, tracer, self.op_count)
         works = launch.channel_works(kernel, plan, self.channels, self.nranks, send, recv, redop, root, in_place,
                                      chunk_steps, slice_steps)
         kernel.run(works)
@@ -433,26 +428,6 @@ class Communicator:
 
     allreduce, allgather = all_reduce, all_gather  # nccl4py's names
 
-    def _proxy_ops(self, func: str, plan: enqueue.Plan, root: int) -> list:
-        """``ncclProxySaveOp``: for each NET connector this collective uses, how many steps it moves."""
-        ops = []
-        chunk_steps, sps = PROTOCOLS[plan.proto].chunk_slice_steps(plan.algo, enqueue.CHUNKSTEPS[func],
-                                                                   enqueue.SLICESTEPS[func])
-        for w in plan.works:
-            ch = self.channels[w.channel]
-            if plan.algo == "Tree":
-                sends, recvs = enqueue.tree_calls(w, ch.tree)
-                conns = ([(ch.send_to[p], n) for p, n in sends.items()] +
-                         [(ch.recv_from[p], n) for p, n in recvs.items()])
-            else:
-                sends, recvs = enqueue.ring_calls(func, self.nranks, w, ch.ring.user_ranks, root)
-                conns = [(ch.send, sends), (ch.recv, recvs)]
-            for conn, calls in conns:
-                if conn is not None and conn.proxy_conn is not None and calls:
-                    ops.append(net.ProxyOp(conn.proxy_conn, plan.proto, calls * chunk_steps, sps, chunk_steps,
-                                           self.tracer, self.op_count))
-        return ops
-
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
         """How ``func`` of ``count`` elements would run: protocol, channels, parts, chunks (no data moves)."""
         key = (func, count, np.dtype(dtype).itemsize)
@@ -504,7 +479,7 @@ class Communicator:
                     if r != self.rank and page.aborted:
                         raise CollectiveError(f"rank {self.rank}: rank {r} aborted: {page.message}")
         finally:
-            self._close_net()  # the proxy finishes its last ops first, so their events are in the trace
+            self._free_connections()
             self._flush_trace()
             self._release_segments()
             self.bootstrap.close()
@@ -520,7 +495,7 @@ class Communicator:
         elif not self._destroyed:
             self._destroyed = True
             self._status.mark_destroyed(self.op_count)
-            self._close_net()
+            self._free_connections()
             self._release_segments()
             self.bootstrap.close()
 

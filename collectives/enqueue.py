@@ -202,3 +202,19 @@ def tree_calls(work: ChannelWork, tree) -> tuple[dict, dict]:
         return {}, {}
     peers = list(tree.down) + ([tree.up] if tree.up != -1 else [])
     return {p: loops for p in peers}, {p: loops for p in peers}
+
+
+def proxy_steps(plan: Plan, channels: list, nranks: int, root: int, chunk_steps: int) -> list[tuple]:
+    """``ncclProxySaveOp``'s counts: for every connector this collective uses on every channel it runs, the steps
+    the kernel will move through it (``ring_calls``/``tree_calls`` primitive calls, ``chunk_steps`` each)."""
+    counts = []
+    for w in plan.works:
+        ch = channels[w.channel]
+        if plan.algo == "Tree":
+            sends, recvs = tree_calls(w, ch.tree)
+            counts += [(ch.send_to[p], n * chunk_steps) for p, n in sends.items()]
+            counts += [(ch.recv_from[p], n * chunk_steps) for p, n in recvs.items()]
+        else:
+            sends, recvs = ring_calls(plan.func, nranks, w, ch.ring.user_ranks, root)
+            counts += [(ch.send, sends * chunk_steps), (ch.recv, recvs * chunk_steps)]
+    return counts

@@ -72,7 +72,7 @@ def net_progress(iters: str, count: str, _token: str = "") -> None:
 
 def _net_send_socket(comm) -> socket.socket:
     """The control socket of this rank's first NET send connection (test-only reach into the plugin)."""
-    nc = next(nc for nc in comm.net_connections if nc.conn.is_send)
+    nc = next(c.proxy_conn for ch in comm.channels for c in ch.send_to.values() if c.proxy_conn is not None)
     return nc.comm.ctrl
 
 

@@ -33,12 +33,16 @@ import time
 
 import numpy as np
 
-from misc import futex
-from include.device import NCCL_STEPS
-
 from include.connector import Connector
+from include.device import NCCL_STEPS
 from include.protocols import PROTOCOLS, PROTOS
+from misc import futex
+from misc.param import timeout_s
+from tracing import debug
+
+from .base import CommInfo, Transport
 from .net_plugin import NetError
+from .net_select import select_plugin
 
 NAME = "NET"
 
@@ -254,3 +258,74 @@ class Proxy(threading.Thread):
         self.stopping = True
         if self.is_alive():
             self.join(timeout=2.0)
+
+
+class NetState:
+    """One communicator's NET resources: the plugin, the listening endpoints of pending receives, every proxied
+    connection, and the proxy thread."""
+
+    def __init__(self, info):
+        self.info = info
+        self.plugin = select_plugin()
+        self.via = f"NET/{self.plugin.name}/0"
+        self.listens: dict = {}
+        self.connections: list[NetConnection] = []
+        self.proxy: Proxy | None = None
+
+
+class NetTransport(Transport):
+    """``netTransport``: the kernel fills local FIFOs, the proxy moves them through the net plugin."""
+    name = NAME
+
+    def can_connect(self, my_info: dict, peer_info: dict) -> bool:
+        return True  # netCanConnect: any two ranks
+
+    def new_state(self, info: CommInfo) -> NetState:
+        return NetState(info)
+
+    def setup(self, state: NetState, channel: int, peer: int, is_send: bool):
+        """The receiver listens and publishes the plugin's handle; the sender has nothing to publish."""
+        if is_send:
+            return None
+        handle, state.listens[(channel, peer)] = state.plugin.listen(0)
+        return handle
+
+    def connect(self, state: NetState, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
+                deadline: float) -> Connector:
+        info, plugin = state.info, state.plugin
+        me, dev = info.rank, info.dev
+        conn = make_connector(peer, is_send, info.buff_sizes, state.via)
+        if is_send:
+            comm = plugin.connect(0, peer_blob, deadline)
+            line = f"Channel {channel:02d}/0 : {me}[{dev(me)}] -> {peer}[{dev(peer)}] [send] via {state.via}"
+        else:
+            comm = plugin.accept(state.listens[(channel, peer)], deadline)
+            line = f"Channel {channel:02d}/0 : {peer}[{dev(peer)}] -> {me}[{dev(me)}] [receive] via {state.via}"
+        state.connections.append(NetConnection(plugin, conn, comm, channel))
+        debug.info("INIT|NET", line)
+        return conn
+
+    def connected(self, state: NetState) -> None:
+        for lc in state.listens.values():
+            state.plugin.close_listen(lc)
+        state.listens = {}
+        if state.connections and state.proxy is None:
+            state.proxy = Proxy(state.info.rank)
+            state.proxy.start()
+
+    def error(self, state: NetState) -> str | None:
+        return state.proxy.error if state.proxy is not None else None
+
+    def free(self, state: NetState) -> None:
+        """Let the proxy finish what the last collective posted (within the deadline), then close."""
+        if state.proxy is not None:
+            end = time.monotonic() + timeout_s()
+            while not state.proxy.idle() and not state.proxy.error and time.monotonic() < end:
+                time.sleep(0.001)
+            state.proxy.stop()
+            state.proxy = None
+        for lc in state.listens.values():
+            state.plugin.close_listen(lc)
+        for nc in state.connections:
+            (nc.plugin.close_send if nc.conn.is_send else nc.plugin.close_recv)(nc.comm)
+        state.listens, state.connections = {}, []

@@ -10,13 +10,13 @@ from __future__ import annotations
 from misc.param import env_str
 from tracing import debug
 
+from .net_ib import IbNet
 from .net_plugin import NetError, NetPlugin
+from .net_socket import SocketNet
 from .verbs import pyverbs_shim
 
 
 def select_plugin() -> NetPlugin:
-    from .net_ib import IbNet
-    from .net_socket import SocketNet
     want = env_str("NCCL_NET").lower()
     if want not in ("", "ib", "socket"):
         raise NetError(f"NCCL_NET={env_str('NCCL_NET')}: network not found (this build has IB and Socket)")

@@ -8,18 +8,15 @@ the FIFO directly; no proxy is involved (``proxyProgress`` is NULL for SHM).
 """
 from __future__ import annotations
 
+from include.connector import (DOORBELL_OFFSET, HEAD_OFFSET, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector,
+                               recv_layout)
 from misc.param import env_int
+from misc.shm_segment import ShmSegment
 from tracing import debug
 
-from include.connector import DOORBELL_OFFSET, HEAD_OFFSET, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector, recv_layout
-from misc.shm_segment import ShmSegment
+from .base import CommInfo, Transport
 
 NAME = "SHM"
-
-
-def can_connect(my_info: dict, peer_info: dict) -> bool:
-    """``shmCanConnect``: same host hash, and SHM not disabled."""
-    return env_int("NCCL_SHM_DISABLE", 0) != 1 and my_info["host_hash"] == peer_info["host_hash"]
 
 
 class ShmSetup:
@@ -79,3 +76,34 @@ class ShmSetup:
         """Called once every peer has mapped our segments (after the connect barrier)."""
         for seg in self.owned:
             seg.unlink()
+
+
+class ShmTransport(Transport):
+    """``shmTransport``: the segments are the whole connection; no proxy (``proxyProgress`` is NULL for SHM)."""
+    name = NAME
+
+    def can_connect(self, my_info: dict, peer_info: dict) -> bool:
+        """``shmCanConnect``: same host hash, and SHM not disabled."""
+        return env_int("NCCL_SHM_DISABLE", 0) != 1 and my_info["host_hash"] == peer_info["host_hash"]
+
+    def new_state(self, info: CommInfo) -> ShmSetup:
+        state = ShmSetup(info.tag, info.rank, info.buff_sizes)
+        state.info = info
+        return state
+
+    def setup(self, state: ShmSetup, channel: int, peer: int, is_send: bool) -> str:
+        return (state.send_setup if is_send else state.recv_setup)(channel, peer)
+
+    def connect(self, state: ShmSetup, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
+                deadline: float) -> Connector:
+        me, dev = state.info.rank, state.info.dev
+        if not is_send:
+            return state.recv_connect(my_blob, peer_blob, peer)
+        debug.info("INIT|SHM", f"Channel {channel:02d} : {me}[{dev(me)}] -> {peer}[{dev(peer)}] via SHM/direct")
+        return state.send_connect(my_blob, peer_blob, peer)
+
+    def connected(self, state: ShmSetup) -> None:
+        state.unlink_all()  # every peer has mapped our segments: nothing of ours stays in /dev/shm
+
+    def free(self, state: ShmSetup) -> None:
+        state.unlink_all()

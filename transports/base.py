@@ -1,0 +1,56 @@
+"""The shape of a transport (NCCL ``src/include/transport.h``: ``struct ncclTransport`` with its ``canConnect``
+and, for each of ``send`` and ``recv``, a ``struct ncclTransportComm`` of ``setup``, ``connect`` and ``free`` plus
+the proxy's hooks).
+
+A transport keeps what it owns for one communicator in its own state object (``new_state``: SHM's segments, NET's
+plugin, connections and proxy thread), never in the communicator.  ``setup`` makes this rank's side of one
+connection and returns the blob its peer needs (NCCL's 256-byte ``ncclConnect``); ``connect`` builds the
+connector from both blobs; ``connected`` runs once every peer has connected (the connect barrier); ``free``
+releases everything.  ``error`` reports a failure found off the kernel's path (NET's proxy thread).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from include.connector import Connector
+
+
+@dataclass
+class CommInfo:
+    """What a transport may know of the communicator it connects."""
+    tag: str                       # names this communicator's shared-memory segments
+    rank: int
+    buff_sizes: dict               # protocol name -> bytes
+    dev: Callable[[int], int]      # a rank's index on its node (the ``[d]`` of NCCL's ``r[d]`` log notation)
+
+
+class Transport:
+    name = ""
+
+    def can_connect(self, my_info: dict, peer_info: dict) -> bool:
+        """``canConnect``: whether this transport can join the two ranks (their bootstrap peer info)."""
+        raise NotImplementedError
+
+    def new_state(self, info: CommInfo):
+        """This communicator's resources for the transport (created at the first connection that uses it)."""
+        raise NotImplementedError
+
+    def setup(self, state, channel: int, peer: int, is_send: bool):
+        """``send.setup`` / ``recv.setup``: this side's resources; returns the blob the peer connects with."""
+        raise NotImplementedError
+
+    def connect(self, state, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
+                deadline: float) -> Connector:
+        """``send.connect`` / ``recv.connect``: the connector the kernel uses."""
+        raise NotImplementedError
+
+    def connected(self, state) -> None:
+        """Every peer has connected (after the connect barrier)."""
+
+    def error(self, state) -> str | None:
+        """A failure the transport found outside a kernel's waits (NET's proxy thread), or None."""
+        return None
+
+    def free(self, state) -> None:
+        """``send.free`` / ``recv.free`` for every connection: release segments, sockets, threads."""

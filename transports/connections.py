@@ -1,0 +1,113 @@
+"""Connecting a communicator's channels (NCCL ``src/transport.cc``: ``ncclTransportP2pConnect``,
+``ncclTransportP2pSetup``; ``src/transport/generic.cc``: ``ncclTransportRingConnect``, ``ncclTransportTreeConnect``),
+and what the connections own.
+
+Rings: per channel a recv connector from ``ring.prev`` and a send connector to ``ring.next``.  Trees: per channel a
+recv and a send connector with ``up`` and with each of ``down[]``; one that a ring already made is shared (both
+use connIndex 0).  We connect trees at init, as NCCL does with ``NCCL_RUNTIME_CONNECT=0``.  For each (channel,
+direction, peer) the registry's first transport that can connect wins.  Setup exchanges the connect blobs (SHM
+segment names, NET listen handles) through one bootstrap allgather; then the senders connect (a TCP connect needs
+no accept to complete), the receivers accept, and a barrier says every peer is done.
+
+``Connections`` holds each transport's state for the communicator, and is how the communicator reaches them: to
+hand the proxy its ops (``ncclProxySaveOp``), to ask whether a transport failed, and to free everything.
+"""
+from __future__ import annotations
+
+import time
+
+from misc.param import timeout_s
+from tracing import debug
+
+from .base import CommInfo
+from .net import ProxyOp
+from .registry import select_transport
+
+
+class Connections:
+    def __init__(self, info: CommInfo, bootstrap, peer_info: list[dict]):
+        self.info, self.bootstrap, self.peer_info = info, bootstrap, peer_info
+        self.states: dict = {}  # transport -> its state for this communicator
+
+    def _state(self, transport):
+        if transport not in self.states:
+            self.states[transport] = transport.new_state(self.info)
+        return self.states[transport]
+
+    def connect(self, needs: list) -> None:
+        """``ncclTransportP2pSetup``: make every (channel, "send" | "recv", peer) connector not made yet.  Every rank
+        calls this together."""
+        me = self.peer_info[self.info.rank]
+        unique = {(ch.id, d, p): (ch, d, p) for ch, d, p in needs}  # a peer may be both up and ring neighbour
+        needs = [(ch, d, p) for ch, d, p in unique.values() if p not in (ch.recv_from if d == "recv" else ch.send_to)]
+        chosen = {(ch.id, d, p): select_transport(me, self.peer_info[p]) for ch, d, p in needs}
+        blobs = {}
+        for ch, d, p in needs:
+            t = chosen[(ch.id, d, p)]
+            blobs[(d, ch.id, p)] = t.setup(self._state(t), ch.id, p, d == "send")
+        all_blobs = self.bootstrap.allgather_obj(blobs)
+        deadline = time.monotonic() + timeout_s()
+        me_r = self.info.rank
+        try:
+            for side in ("send", "recv"):  # senders first
+                for ch, d, p in needs:
+                    if d != side:
+                        continue
+                    t = chosen[(ch.id, d, p)]
+                    peer_blob = all_blobs[p][("recv" if d == "send" else "send", ch.id, me_r)]
+                    conn = t.connect(self._state(t), ch.id, p, d == "send", blobs[(d, ch.id, p)], peer_blob,
+                                     deadline)
+                    (ch.send_to if d == "send" else ch.recv_from)[p] = conn
+            self.bootstrap.barrier()  # every peer has mapped our segments and accepted our connections
+        finally:
+            for t, state in self.states.items():
+                t.connected(state)
+
+    # --- what the communicator asks of its connections ---
+    @property
+    def proxied(self) -> bool:
+        """Whether any connection goes through a proxy (NET)."""
+        return any(getattr(state, "connections", None) for state in self.states.values())
+
+    def save_ops(self, counts: list, proto: str, slice_steps: int, chunk_steps: int, tracer, seq: int) -> list:
+        """``ncclProxySaveOp``: one op per proxied connector of ``counts`` [(connector, steps)], posted to its proxy
+        in order; returns the ops (the collective waits for its sends, see ``net.wait_sent``)."""
+        ops = [ProxyOp(conn.proxy_conn, proto, nsteps, slice_steps, chunk_steps, tracer, seq)
+               for conn, nsteps in counts if conn is not None and conn.proxy_conn is not None and nsteps]
+        for t, state in self.states.items():
+            proxy = getattr(state, "proxy", None)
+            if proxy is not None and ops:
+                proxy.post(ops)
+        return ops
+
+    def error(self) -> str | None:
+        return next((e for t, s in self.states.items() if (e := t.error(s))), None)
+
+    def free(self) -> None:
+        for t, state in self.states.items():
+            t.free(state)
+        self.states = {}
+
+
+def connect_rings(conns: Connections, channels: list) -> None:
+    """``ncclTransportRingConnect``: per channel, recv from ``ring.prev`` and send to ``ring.next``."""
+    needs = []
+    for ch in channels:
+        needs += [(ch, "recv", ch.ring.prev), (ch, "send", ch.ring.next)]
+    conns.connect(needs)
+    for ch in channels:
+        ch.recv, ch.send = ch.recv_from[ch.ring.prev], ch.send_to[ch.ring.next]
+    debug.info("INIT", "Connected all rings, use ring PXN 0 GDR 0")
+
+
+def connect_trees(conns: Connections, channels: list) -> None:
+    """``ncclTransportTreeConnect``: per channel, recv from ``down[]`` and send to ``up`` (reduce), recv from ``up``
+    and send to ``down[]`` (broadcast), all on connIndex 0: a connector the ring already made is reused."""
+    needs = []
+    for ch in channels:
+        for peer in (ch.tree.up, *ch.tree.down):
+            if peer != -1:
+                needs += [(ch, "recv", peer), (ch, "send", peer)]
+    conns.connect(needs)
+    debug.info("INIT", "Connected all trees")
+
