@@ -14,52 +14,38 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from dataclasses import dataclass, field
 
 import numpy as np
 
+from include.device import MAXCHANNELS
+from include.protocols import PROTOCOLS
+from misc import sockets
+from misc.param import env_int, env_str
+from misc.shm_segment import ShmError
 from tracing import debug
 from tracing.events import from_env as tracer_from_env
 from tracing.events import now
-from tracing.hang import report_dir, write_report
 from transports import net
 from transports.base import CommInfo
 from transports.connections import Connections, connect_rings, connect_trees
-from include.connector import Connector
-from misc.shm_segment import ShmError
-
-from misc import sockets
 
 from . import api, enqueue
 from .bootstrap import Bootstrap, UniqueId
+from .channels import postset
 from .device import launch
 from .device.common import CollectiveError, Kernel
 from .device.reduce_copy import DTYPE_CODES, OPS, RedOp, dtype_name, parse_op, reduce_copy
 from .graph import tuning
+from .graph.connect import max_nchannels, min_nchannels
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
-from .graph.connect import max_nchannels, min_nchannels
-from .graph.rings import Ring, parse_rings, ring_log_line, ring_orders, setup_ring
-from .graph.trees import TreeNode, channel_trees, tree_pattern, trees_log_line
-from include.device import MAXCHANNELS, NCCL_STEPS
-from include.protocols import PROTOCOLS
-from misc.param import env_int, env_str
-from .status import FUNC_CODES, StatusPage, describe
+from .graph.rings import parse_rings, ring_log_line, ring_orders
+from .graph.trees import tree_pattern, trees_log_line
+from .health import Health
+from .status import FUNC_CODES
 
 # The ring graph's channel count on this CPU (NCCL takes it from its topology search; Postset then doubles it).
 DEFAULT_NCHANNELS_CPU = 1
-
-
-@dataclass
-class Channel:
-    """``struct ncclChannel``: its ring, its tree and its connectors (``peers[p]->send[0]/recv[0]``)."""
-    id: int
-    ring: Ring
-    tree: TreeNode
-    send: Connector | None = None     # the ring's: to ring.next
-    recv: Connector | None = None     # the ring's: from ring.prev
-    send_to: dict = field(default_factory=dict)    # peer -> send connector (rings and trees share them)
-    recv_from: dict = field(default_factory=dict)  # peer -> recv connector
 
 
 class Communicator:
@@ -83,12 +69,12 @@ class Communicator:
         self._error: str | None = None
         self._destroyed = False
         self.bootstrap = Bootstrap(unique_id, rank, nranks)
-        self._status_pages: dict[int, StatusPage] = {}
+        self.health: Health | None = None      # status pages, checks while waiting, hang reports
         self.conns: Connections | None = None  # the transports' state: segments, net plugin, proxy
         try:
             self._init_transports(unique_id, rings, nchannels, protocols, algorithms)
         except BaseException as exc:
-            self._release_segments()
+            self._free_connections()
             self.bootstrap.close()
             if isinstance(exc, ShmError):
                 raise ShmError(f"rank {rank}: {exc}") from None
@@ -135,8 +121,12 @@ class Communicator:
         self.oversubscribed = len(self.local_ranks) > len(os.sched_getaffinity(0))
         self._plans: dict[tuple, enqueue.Plan] = {}
         debug.set_device(self.local_rank)
-        self.channels = self._postset(ring_orders(self.nranks, base, self.peer_info[0]["rings"],
-                                                  node_of=self.node_of_rank))
+        orders = ring_orders(self.nranks, base, self.peer_info[0]["rings"], node_of=self.node_of_rank)
+        # the same on every rank (checked above), as NCCL's allgather of the search's results
+        self.search_channels = len(orders)
+        self.channels, self.trees, self.channel_origin = postset(
+            orders, self.node_of_rank, self.peer_info[0]["tree_pattern"], self.rank,
+            min(p["max_channels"] for p in self.peer_info), max(p["min_channels"] for p in self.peer_info))
         self.nchannels = len(self.channels)
         self.machine = cpu_lab(self.nranks, self.nnodes, base, self.nchannels)
         self.max_threads = tuning.max_threads(self.machine.ring.bw_intra, self.machine.ring.n_channels)
@@ -154,7 +144,8 @@ class Communicator:
         for ch in self.channels:
             debug.info("GRAPH", f"Ring {ch.id:02d} : {ch.ring.prev} -> {self.rank} -> {ch.ring.next}")
         debug.info("INIT", trees_log_line(self.rank, self.trees))
-        self._connect_status()
+        self.health = Health(self.rank, self.nranks, self.tag, self.peer_info, self.bootstrap, self.local_ranks,
+                             lambda: self.conns.error() if self.conns is not None else None)
         if self.nranks > 1:
             node = self.node_of_rank
             dev = lambda r: [q for q in range(self.nranks) if node[q] == node[r]].index(r)  # noqa: E731
@@ -168,36 +159,6 @@ class Communicator:
                            f"cudaDev {self.local_rank} "
                            f"nvmlDev {self.local_rank} busId 0 commId {hex(uid.magic)} - Init COMPLETE")
 
-    def _connect_status(self) -> None:
-        name = f"nccllab-{self.tag}-r{self.rank}-status"
-        self._status = StatusPage.create(name)
-        self._status_pages[self.rank] = self._status
-        try:
-            self.bootstrap.barrier()
-            for r in self.local_ranks:
-                if r != self.rank:
-                    self._status_pages[r] = StatusPage.attach(f"nccllab-{self.tag}-r{r}-status")
-            self.bootstrap.barrier()
-        finally:
-            self._status.seg.unlink()
-
-    def _postset(self, orders: list[list[int]]) -> list[Channel]:
-        """``ncclTopoPostset``: channel c + n copies ring c and takes tree 1 (the double binary tree); then the
-        ``NCCL_MAX_NCHANNELS`` clamp, then copies of the first channels up to ``NCCL_MIN_NCHANNELS``."""
-        n = len(orders)
-        pattern = self.peer_info[0]["tree_pattern"]  # the same on every rank (checked at init)
-        trees = channel_trees(orders, self.node_of_rank, pattern)    # tree 0 of each ring, then tree 1 of each
-        doubled = [(orders[c % n], trees[c], (c % n, c // n)) for c in range(2 * n if 2 * n <= MAXCHANNELS else n)]
-        max_ch = min(p["max_channels"] for p in self.peer_info)  # the same on every rank, as NCCL's allgather
-        doubled = doubled[:max(1, min(max_ch, len(doubled)))]
-        min_ch = min(MAXCHANNELS, max(p["min_channels"] for p in self.peer_info))
-        start = len(doubled)
-        for c in range(start, min_ch):                                 # copyChannels: c copies c - start
-            doubled.append(doubled[c - start])
-        self.trees = [tree for _, tree, _ in doubled]  # every rank's view, for the Trees line and the diagrams
-        self.channel_origin = [origin for _, _, origin in doubled]  # (search ring, tree 0|1) per channel, for pictures
-        return [Channel(c, setup_ring(order, self.rank), tree[self.rank]) for c, (order, tree, _) in enumerate(doubled)]
-
     def describe(self) -> dict:
         """The communicator as the trace and the diagrams see it: ranks, nodes, rings and transports."""
         return {"nranks": self.nranks, "nnodes": self.nnodes, "nchannels": self.nchannels, "tag": self.tag,
@@ -210,15 +171,6 @@ class Communicator:
                 "channel_origin": self.channel_origin,
                 "net": bool(self.conns and self.conns.proxied)}
 
-    def _hang_report(self, kernel: Kernel, error: str) -> dict:
-        waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % NCCL_STEPS, "prim": prim}
-                 for (ch, _), (what, peer, step, _, _, prim) in sorted(kernel.wait_state.items())]
-        last = []
-        if self.tracer is not None:
-            last = [dict(kind=k, values=list(v)) for k, v in self.tracer.records[-8:]]
-        return {"rank": self.rank, "nranks": self.nranks, "pid": os.getpid(), "func": kernel.func,
-                "op_count": kernel.op_count, "waits": waits, "error": error, "last_events": last}
-
     def _free_connections(self) -> None:
         """The transports' ``free``: the proxy first finishes its last ops, so their events are in the trace."""
         if self.conns is not None:
@@ -228,62 +180,6 @@ class Communicator:
     def _flush_trace(self) -> None:
         if getattr(self, "tracer", None) is not None:
             self.tracer.flush()
-
-    def _release_segments(self) -> None:
-        page = self._status_pages.get(self.rank)
-        if page is not None:
-            page.seg.unlink()
-
-    # ------------------------------------------------------------------ health (called while a kernel spins)
-    def _health(self, kernel: Kernel) -> None:
-        failure = self.conns.error() if self.conns is not None else None
-        if failure:
-            raise CollectiveError(f"rank {self.rank}: {failure}; during {kernel.func}: {kernel.describe_wait()}")
-        for r, page in self._status_pages.items():
-            if r == self.rank:
-                continue
-            if page.aborted:
-                raise CollectiveError(f"rank {self.rank}: rank {r} aborted [{page.message}]; this rank, in "
-                                      f"{kernel.func}: {kernel.describe_wait()}", secondary=True)
-            if not sockets.pid_alive(self.peer_info[r]["pid"]):
-                raise CollectiveError(f"rank {self.rank}: rank {r} (pid {self.peer_info[r]['pid']}) is gone "
-                                      f"(killed or exited) during {kernel.func}: {kernel.describe_wait()}")
-            if page.destroyed and page.completed <= kernel.op_count:
-                raise CollectiveError(f"rank {self.rank}: rank {r} destroyed its communicator after "
-                                      f"{page.completed} collectives, so it will never join {kernel.func} "
-                                      f"(opCount {kernel.op_count}); this rank: {kernel.describe_wait()}")
-            sig = page.signature(kernel.op_count)
-            if sig is not None and sig != self._signature:
-                self._mismatch(r, sig)
-
-    def _suspects(self) -> str:
-        """For a deadline message: local peers whose process is stopped (SIGSTOP, a debugger)."""
-        stopped = [f"rank {r} (pid {self.peer_info[r]['pid']}) is stopped" for r in self._status_pages
-                   if r != self.rank and sockets.pid_state(self.peer_info[r]["pid"]) in ("T", "t")]
-        return "; " + ", ".join(stopped) if stopped else ""
-
-    @staticmethod
-    def _warn(msg: str) -> None:
-        """A WARN line that the user sees even without ``NCCL_DEBUG`` (an early hang warning, a report's path)."""
-        if debug.enabled("WARN"):
-            debug.warn(msg)
-        else:
-            os.write(2, f"NCCL WARN {msg}\n".encode(errors="replace"))
-
-    def _check_peer_op(self, peer: int) -> None:
-        """Before consuming a peer's first data of this collective: it must be running the same call."""
-        page = self._status_pages.get(peer)
-        if page is None:
-            return
-        sig = page.signature(self.op_count)
-        if sig != self._signature:
-            self._mismatch(peer, sig)
-
-    def _mismatch(self, peer: int, sig) -> None:
-        names = {v: k for k, v in DTYPE_CODES.items()}
-        theirs = describe(sig, names) if sig else "a different collective (opCount differs)"
-        raise CollectiveError(f"rank {self.rank}: collective mismatch with rank {peer} at opCount {self.op_count}: "
-                              f"this rank called {describe(self._signature, names)}, rank {peer} called {theirs}")
 
     # ------------------------------------------------------------------ collectives
     def _check(self) -> None:
@@ -298,8 +194,7 @@ class Communicator:
         op = parse_op(op)
         dtype = send.dtype
         dtype_code = DTYPE_CODES[dtype_name(dtype)]
-        self._signature = (FUNC_CODES[func], count, dtype_code, OPS[op], root)
-        self._status.publish(self.op_count, self._signature)
+        self.health.publish(self.op_count, (FUNC_CODES[func], count, dtype_code, OPS[op], root))
         if debug.enabled("INFO", "COLL"):
             debug.info("COLL", f"{func}: opCount {self.op_count:x} sendbuff {hex(_addr(send))} recvbuff "
                                f"{hex(_addr(recv))} count {count} datatype {dtype_code} op {OPS[op]} root {root} "
@@ -314,14 +209,8 @@ class Communicator:
             self._run(func, send, recv, count, redop, root)
         except CollectiveError as exc:
             self._error = str(exc)
-            self._status.abort(str(exc))
             self._flush_trace()
-            if self._kernel is not None and self._kernel.wait_state:
-                path = write_report(report_dir(self.tag), self._hang_report(self._kernel, str(exc)))
-                if not exc.secondary:  # the rank that knows names the folder; its peers' reports go beside it
-                    self._warn(f"rank {self.rank}: hang report written to {path} (python -m tracing hang "
-                               f"{os.path.dirname(path)})")
-            debug.warn(str(exc))
+            self.health.fail(exc, self._kernel, self.tracer)
             raise
         finally:
             self.op_count += 1
@@ -343,8 +232,9 @@ class Communicator:
         in_place = _addr(send) == _addr(recv) + (self.rank * send.nbytes if func == "AllGather" else 0)
         if func in ("AllGather", "Broadcast"):  # NCCL retypes these as int8: they move bytes
             send, recv = send.view(np.uint8), recv.view(np.uint8)
-        kernel = Kernel(self.rank, self.op_count, func, self._health, self._check_peer_op, self.oversubscribed,
-                        self._suspects, self._warn)
+        h = self.health
+        kernel = Kernel(self.rank, self.op_count, func, h.check, lambda peer: h.check_peer_op(peer, self.op_count),
+                        self.oversubscribed, h.suspects, h.warn)
         kernel.tracer = tracer = self.tracer
         self._kernel = kernel
         t0 = now() if tracer is not None else 0
@@ -471,17 +361,16 @@ class Communicator:
         if self._destroyed:
             return
         self._destroyed = True
-        self._status.mark_destroyed(self.op_count)  # a peer still waiting for us learns it now
+        self.health.destroyed(self.op_count)  # a peer still waiting for us learns it now
         try:
             if self._error is None and self.nranks > 1:
                 self.bootstrap.barrier()
-                for r, page in self._status_pages.items():
-                    if r != self.rank and page.aborted:
-                        raise CollectiveError(f"rank {self.rank}: rank {r} aborted: {page.message}")
+                aborted = self.health.peer_aborted()
+                if aborted:
+                    raise CollectiveError(f"rank {self.rank}: rank {aborted[0]} aborted: {aborted[1]}")
         finally:
             self._free_connections()
             self._flush_trace()
-            self._release_segments()
             self.bootstrap.close()
             for ch in self.channels:
                 ch.send = ch.recv = None
@@ -494,9 +383,8 @@ class Communicator:
             self.destroy()
         elif not self._destroyed:
             self._destroyed = True
-            self._status.mark_destroyed(self.op_count)
+            self.health.destroyed(self.op_count)
             self._free_connections()
-            self._release_segments()
             self.bootstrap.close()
 
 

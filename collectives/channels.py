@@ -1,0 +1,44 @@
+"""A communicator's channels (NCCL ``struct ncclChannel``, ``src/channel.cc``; ``setupChannel`` in ``src/init.cc``;
+``ncclTopoPostset`` in ``src/graph/connect.cc``).
+
+The topology search finds ``n`` rings (here: given, or rank order); Postset doubles them, channel c + n repeating
+ring c with tree 1 of the double binary tree, then ``NCCL_MAX_NCHANNELS`` clamps and ``NCCL_MIN_NCHANNELS`` copies
+channels (``copyChannels``).  Three counts, three names: ``search_channels`` (what the search found),
+``Communicator.nchannels`` (after Postset) and ``Plan.nchannels`` (what one collective uses).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from include.connector import Connector
+from include.device import MAXCHANNELS
+
+from .graph.rings import Ring, setup_ring
+from .graph.trees import TreeNode, channel_trees
+
+
+@dataclass
+class Channel:
+    """``struct ncclChannel``: its ring, its tree and its connectors (``peers[p]->send[0]/recv[0]``)."""
+    id: int
+    ring: Ring
+    tree: TreeNode
+    send: Connector | None = None     # the ring's: to ring.next
+    recv: Connector | None = None     # the ring's: from ring.prev
+    send_to: dict = field(default_factory=dict)    # peer -> send connector (rings and trees share them)
+    recv_from: dict = field(default_factory=dict)  # peer -> recv connector
+
+
+def postset(orders: list[list[int]], node_of_rank: list[int], pattern: str, rank: int, max_channels: int,
+            min_channels: int) -> tuple[list[Channel], list[dict], list[tuple]]:
+    """``ncclTopoPostset`` on the search's rings: (this rank's channels, every channel's tree as every rank sees it,
+    each channel's origin (search ring, tree 0 or 1))."""
+    n = len(orders)
+    trees = channel_trees(orders, node_of_rank, pattern)    # tree 0 of each ring, then tree 1 of each
+    doubled = [(orders[c % n], trees[c], (c % n, c // n)) for c in range(2 * n if 2 * n <= MAXCHANNELS else n)]
+    doubled = doubled[:max(1, min(max_channels, len(doubled)))]
+    start = len(doubled)
+    for c in range(start, min(MAXCHANNELS, min_channels)):          # copyChannels: c copies c - start
+        doubled.append(doubled[c - start])
+    channels = [Channel(c, setup_ring(order, rank), tree[rank]) for c, (order, tree, _) in enumerate(doubled)]
+    return channels, [tree for _, tree, _ in doubled], [origin for _, _, origin in doubled]

@@ -1,0 +1,123 @@
+"""A communicator's health while its kernels wait (NCCL ``comm->abortFlag`` and ``ncclCommAbort``; the rest is
+ours, because NCCL waits forever): the status pages of the local peers (``status.py``), the checks a waiting kernel
+runs every few milliseconds, the signature check before a peer's first data is used, the early WARN line, and the
+hang report a failing rank writes.
+
+``check`` raises a ``CollectiveError`` naming the culprit when a transport failed (NET's proxy), a local peer
+aborted (a *secondary* error: that peer reports the cause), died, destroyed its communicator before this
+collective, or called a different collective (count, type, op or root).  ``suspects`` adds stopped processes to a
+deadline message.  ``fail`` is what a rank does when its collective fails: raise its abort flag and write its
+report where the run says (``tracing.hang.report_dir``), printing the path unless the error is secondary.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from include.device import NCCL_STEPS
+from misc import sockets
+from tracing import debug
+from tracing.hang import report_dir, write_report
+
+from .device.common import CollectiveError
+from .device.reduce_copy import DTYPE_CODES
+from .status import StatusPage, describe
+
+
+class Health:
+    def __init__(self, rank: int, nranks: int, tag: str, peer_info: list[dict], bootstrap, local_ranks: list[int],
+                 transport_error: Callable[[], str | None]):
+        self.rank, self.nranks, self.tag, self.peer_info = rank, nranks, tag, peer_info
+        self.transport_error = transport_error
+        self.signature: tuple = ()
+        self.pages: dict[int, StatusPage] = {}
+        self.mine = StatusPage.create(f"nccllab-{tag}-r{rank}-status")
+        self.pages[rank] = self.mine
+        try:
+            bootstrap.barrier()
+            for r in local_ranks:
+                if r != rank:
+                    self.pages[r] = StatusPage.attach(f"nccllab-{tag}-r{r}-status")
+            bootstrap.barrier()
+        finally:
+            self.mine.seg.unlink()  # every local peer has mapped it
+
+    def publish(self, op_count: int, signature: tuple) -> None:
+        """Before any data moves: this rank's call, for the peers to compare with theirs."""
+        self.signature = signature
+        self.mine.publish(op_count, signature)
+
+    def check(self, kernel) -> None:
+        """Called while ``kernel`` waits: raise if whatever it waits for can no longer come."""
+        failure = self.transport_error()
+        if failure:
+            raise CollectiveError(f"rank {self.rank}: {failure}; during {kernel.func}: {kernel.describe_wait()}")
+        for r, page in self.pages.items():
+            if r == self.rank:
+                continue
+            if page.aborted:
+                raise CollectiveError(f"rank {self.rank}: rank {r} aborted [{page.message}]; this rank, in "
+                                      f"{kernel.func}: {kernel.describe_wait()}", secondary=True)
+            if not sockets.pid_alive(self.peer_info[r]["pid"]):
+                raise CollectiveError(f"rank {self.rank}: rank {r} (pid {self.peer_info[r]['pid']}) is gone "
+                                      f"(killed or exited) during {kernel.func}: {kernel.describe_wait()}")
+            if page.destroyed and page.completed <= kernel.op_count:
+                raise CollectiveError(f"rank {self.rank}: rank {r} destroyed its communicator after "
+                                      f"{page.completed} collectives, so it will never join {kernel.func} "
+                                      f"(opCount {kernel.op_count}); this rank: {kernel.describe_wait()}")
+            sig = page.signature(kernel.op_count)
+            if sig is not None and sig != self.signature:
+                self._mismatch(r, sig, kernel.op_count)
+
+    def check_peer_op(self, peer: int, op_count: int) -> None:
+        """Before consuming a peer's first data of this collective: it must be running the same call."""
+        page = self.pages.get(peer)
+        if page is not None:
+            sig = page.signature(op_count)
+            if sig != self.signature:
+                self._mismatch(peer, sig, op_count)
+
+    def _mismatch(self, peer: int, sig, op_count: int) -> None:
+        names = {v: k for k, v in DTYPE_CODES.items()}
+        theirs = describe(sig, names) if sig else "a different collective (opCount differs)"
+        raise CollectiveError(f"rank {self.rank}: collective mismatch with rank {peer} at opCount {op_count}: "
+                              f"this rank called {describe(self.signature, names)}, rank {peer} called {theirs}")
+
+    def suspects(self) -> str:
+        """For a deadline message: local peers whose process is stopped (SIGSTOP, a debugger)."""
+        stopped = [f"rank {r} (pid {self.peer_info[r]['pid']}) is stopped" for r in self.pages
+                   if r != self.rank and sockets.pid_state(self.peer_info[r]["pid"]) in ("T", "t")]
+        return "; " + ", ".join(stopped) if stopped else ""
+
+    @staticmethod
+    def warn(msg: str) -> None:
+        """A WARN line that the user sees even without ``NCCL_DEBUG`` (an early hang warning, a report's path)."""
+        if debug.enabled("WARN"):
+            debug.warn(msg)
+        else:
+            os.write(2, f"NCCL WARN {msg}\n".encode(errors="replace"))
+
+    def fail(self, exc: CollectiveError, kernel, tracer) -> None:
+        """This rank's collective failed: raise the abort flag, then write the hang report."""
+        self.mine.abort(str(exc))
+        if kernel is not None and kernel.wait_state:
+            path = write_report(report_dir(self.tag), self._report(kernel, str(exc), tracer))
+            if not exc.secondary:  # the rank that knows names the folder; its peers' reports go beside it
+                self.warn(f"rank {self.rank}: hang report written to {path} (python -m tracing hang "
+                          f"{os.path.dirname(path)})")
+        debug.warn(str(exc))
+
+    def _report(self, kernel, error: str, tracer) -> dict:
+        waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % NCCL_STEPS, "prim": prim}
+                 for (ch, _), (what, peer, step, _, _, prim) in sorted(kernel.wait_state.items())]
+        last = [dict(kind=k, values=list(v)) for k, v in tracer.records[-8:]] if tracer is not None else []
+        return {"rank": self.rank, "nranks": self.nranks, "pid": os.getpid(), "func": kernel.func,
+                "op_count": kernel.op_count, "waits": waits, "error": error, "last_events": last}
+
+    def destroyed(self, completed: int) -> None:
+        """This rank destroyed its communicator after ``completed`` collectives: a peer waiting in a later one
+        learns it now."""
+        self.mine.mark_destroyed(completed)
+
+    def peer_aborted(self) -> tuple[int, str] | None:
+        return next(((r, p.message) for r, p in self.pages.items() if r != self.rank and p.aborted), None)
