@@ -68,3 +68,74 @@ def gathered_shape(shape: tuple, nranks: int) -> tuple:
 def scattered_shape(shape: tuple, count: int, nranks: int) -> tuple:
     """ReduceScatter's result: one rank's share of the first axis when it divides, else flat."""
     return (shape[0] // nranks, *shape[1:]) if shape and shape[0] % nranks == 0 else (count,)
+
+
+class Collectives:
+    """The public calls of a communicator (``ncclAllReduce``, ``ncclAllGather``, ``ncclReduceScatter``,
+    ``ncclBroadcast``, ``ncclReduce``), in both forms; each checks its buffers and hands a flat send and receive
+    buffer to the communicator's ``_launch`` (``ncclEnqueueCheck``)."""
+    nranks: int
+    rank: int
+
+    @classmethod
+    def init(cls, nranks: int, rank: int, unique_id, config=None):
+        """nccl4py's ``Communicator.init(nranks=, rank=, unique_id=)`` (``ncclCommInitRank``)."""
+        return cls(unique_id, nranks, rank)
+
+    def all_reduce(self, send: np.ndarray, *rest, op: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        out, op = buffer_first("all_reduce", rest, out, op, "sum")
+        send = check_send("all_reduce", send)
+        flat, recv, result = buffers("all_reduce", send, out, send.size, send.shape)
+        self._launch("AllReduce", flat, recv, flat.size, op, -1)
+        return result
+
+    def all_gather(self, send: np.ndarray, *rest, out: np.ndarray | None = None) -> np.ndarray:
+        out, _ = buffer_first("all_gather", rest, out, None, None)
+        send = check_send("all_gather", send)
+        shape = gathered_shape(send.shape, self.nranks)
+        flat, recv, result = buffers("all_gather", send, out, send.size * self.nranks, shape)
+        self._launch("AllGather", flat, recv, flat.size, "sum", -1)
+        return result
+
+    def reduce_scatter(self, send: np.ndarray, *rest, op: str | None = None,
+                       out: np.ndarray | None = None) -> np.ndarray:
+        out, op = buffer_first("reduce_scatter", rest, out, op, "sum")
+        send = check_send("reduce_scatter", send)
+        if send.size % self.nranks:
+            raise ValueError(f"reduce_scatter: send size {send.size} is not a multiple of nranks {self.nranks}")
+        count = send.size // self.nranks
+        shape = scattered_shape(send.shape, count, self.nranks)
+        flat, recv, result = buffers("reduce_scatter", send, out, count, shape)
+        self._launch("ReduceScatter", flat, recv, count, op, -1)
+        return result
+
+    def broadcast(self, buf: np.ndarray, *rest, root: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        out, root = buffer_first("broadcast", rest, out, root, 0)
+        self._check_root(root)
+        buf = check_send("broadcast", buf)
+        flat, recv, result = buffers("broadcast", buf, buf if out is None else out, buf.size, buf.shape)
+        self._launch("Broadcast", flat, recv, flat.size, "sum", root)
+        return result
+
+    def reduce(self, send: np.ndarray, *rest, root: int | None = None, op: str | None = None,
+               out: np.ndarray | None = None) -> np.ndarray:
+        """``reduce(x, root=0, op="sum")``, or nccl4py's ``reduce(sendbuf, recvbuf, op, root=None)`` where no root
+        means AllReduce.  A non-root rank's receive buffer is left as it was, as NCCL leaves it."""
+        if rest and isinstance(rest[0], np.ndarray):  # nccl4py: (recvbuf, op[, root])
+            if len(rest) > 3:
+                raise TypeError("reduce: too many positional arguments")
+            out, op, root = rest[0], rest[1] if len(rest) > 1 else op, rest[2] if len(rest) > 2 else root
+            if root is None:
+                return self.all_reduce(send, out, op or "sum")
+        elif rest:  # ours: (root[, op])
+            if len(rest) > 2:
+                raise TypeError("reduce: too many positional arguments")
+            root, op = rest[0], rest[1] if len(rest) > 1 else op
+        root, op = 0 if root is None else root, op or "sum"
+        self._check_root(root)
+        send = check_send("reduce", send)
+        flat, recv, result = buffers("reduce", send, out, send.size, send.shape, zero=self.rank != root)
+        self._launch("Reduce", flat, recv, flat.size, op, root)
+        return result
+
+    allreduce, allgather = all_reduce, all_gather  # nccl4py's names

@@ -12,20 +12,15 @@ across channels (``enqueue.schedule_coll``), and run each channel's algorithm (`
 from __future__ import annotations
 
 import os
-import secrets
-import socket
 
 import numpy as np
 
-from include.device import MAXCHANNELS
 from include.protocols import PROTOCOLS
-from misc import sockets
-from misc.param import env_int, env_str
+from misc.param import env_str
 from misc.shm_segment import ShmError
 from tracing import debug
 from tracing.events import from_env as tracer_from_env
 from tracing.events import now
-from transports import net
 from transports.base import CommInfo
 from transports.connections import Connections, connect_rings, connect_trees
 
@@ -36,19 +31,17 @@ from .device import launch
 from .device.common import CollectiveError, Kernel
 from .device.reduce_copy import DTYPE_CODES, OPS, RedOp, dtype_name, parse_op, reduce_copy
 from .graph import tuning
-from .graph.connect import max_nchannels, min_nchannels
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 from .graph.rings import parse_rings, ring_log_line, ring_orders
-from .graph.trees import tree_pattern, trees_log_line
+from .graph.trees import trees_log_line
 from .health import Health
+from .peers import buffer_sizes, exchange
 from .status import FUNC_CODES
 
-# The ring graph's channel count on this CPU (NCCL takes it from its topology search; Postset then doubles it).
-DEFAULT_NCHANNELS_CPU = 1
 
 
-class Communicator:
+class Communicator(api.Collectives):
     """``ncclComm``: ``Communicator(unique_id, nranks, rank)``, or ``Communicator()`` to read the launcher's
     (or mpirun's) environment.  A context manager: leaving the block calls ``destroy``."""
 
@@ -84,55 +77,32 @@ class Communicator:
     def _init_transports(self, uid: UniqueId, rings, nchannels, protocols, algorithms) -> None:
         if rings is None and env_str("NCCLLAB_RINGS"):
             rings = parse_rings(env_str("NCCLLAB_RINGS"), self.nranks)
-        # What the topology search would find (ring graph channels): explicit rings set it, as NCCL_RINGS did.
-        nch = min(nchannels or max(DEFAULT_NCHANNELS_CPU, len(rings or [])), MAXCHANNELS // 2)
-        self.buff_sizes = {p.name: env_int(p.buff_env, p.default_buff_size) for p in PROTOCOLS.values()}
-        for p in PROTOCOLS.values():  # below one chunk NCCL would divide by zero; any size above it works
-            if self.buff_sizes[p.name] < p.min_buff_size:
-                raise ValueError(f"{p.buff_env}={self.buff_sizes[p.name]} is too small: {p} needs at least "
-                                 f"{p.min_buff_size} bytes")
+        self.buff_sizes = buffer_sizes()
         proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
         algo_text = algorithms if algorithms is not None else os.environ.get("NCCL_ALGO", "")
-        self._proto_text, self._algo_text = proto_text, algo_text
         tuning.protocol_table(proto_text)  # a bad NCCL_PROTO / NCCL_ALGO fails at init, on every rank
-        tuning.algorithm_table(self._algo_text)
-        my_tag = f"{uid.magic:012x}"[-12:] if uid.magic else secrets.token_hex(6)
-        self.host_hash = sockets.host_hash()
-        info = {"rank": self.rank, "host_hash": self.host_hash, "pid": os.getpid(), "host": socket.gethostname(),
-                "nchannels": max(1, nch), "buff_sizes": self.buff_sizes,
-                "max_channels": max_nchannels(), "min_channels": min_nchannels(), "tag": my_tag,
-                "rings": rings, "proto": proto_text.strip().lower(), "algo": algo_text.strip().lower(),
-                "tree_pattern": tree_pattern()}
-        self.peer_info = self.bootstrap.allgather_obj(info)
-        for key, what in (("buff_sizes", "NCCL_*BUFFSIZE"), ("proto", "NCCL_PROTO"), ("algo", "NCCL_ALGO"),
-                          ("tree_pattern", "NCCLLAB_TREE_PATTERN")):
-            if len({repr(p[key]) for p in self.peer_info}) != 1:
-                raise ValueError(f"{what} differs across ranks: {[p[key] for p in self.peer_info]}")
-        self.tag = self.peer_info[0]["tag"]
-        base = min(p["nchannels"] for p in self.peer_info)  # comm->nChannels = min over ranks of the search
-        hosts = [p["host_hash"] for p in self.peer_info]
-        node_of_hash: dict[int, int] = {}
-        for h in hosts:
-            node_of_hash.setdefault(h, len(node_of_hash))
-        self.nnodes = len(node_of_hash)
-        self.node_of_rank = [node_of_hash[h] for h in hosts]  # nodesFirstRank order
-        self.local_ranks = [r for r in range(self.nranks) if hosts[r] == self.host_hash]
+        tuning.algorithm_table(algo_text)
+        peers = exchange(self.bootstrap, self.rank, self.nranks, uid.magic, self.buff_sizes, rings, nchannels,
+                         proto_text, algo_text)
+        self.peer_info, self.tag, self.node_of_rank, self.nnodes = peers.info, peers.tag, peers.node_of_rank, \
+            peers.nnodes
+        self.local_ranks = peers.local_ranks
         self.local_rank = self.local_ranks.index(self.rank)
         self.oversubscribed = len(self.local_ranks) > len(os.sched_getaffinity(0))
         self._plans: dict[tuple, enqueue.Plan] = {}
         debug.set_device(self.local_rank)
-        orders = ring_orders(self.nranks, base, self.peer_info[0]["rings"], node_of=self.node_of_rank)
+        orders = ring_orders(self.nranks, peers.search_channels, self.peer_info[0]["rings"], node_of=self.node_of_rank)
         # the same on every rank (checked above), as NCCL's allgather of the search's results
         self.search_channels = len(orders)
         self.channels, self.trees, self.channel_origin = postset(
             orders, self.node_of_rank, self.peer_info[0]["tree_pattern"], self.rank,
             min(p["max_channels"] for p in self.peer_info), max(p["min_channels"] for p in self.peer_info))
         self.nchannels = len(self.channels)
-        self.machine = cpu_lab(self.nranks, self.nnodes, base, self.nchannels)
+        self.machine = cpu_lab(self.nranks, self.nnodes, self.search_channels, self.nchannels)
         self.max_threads = tuning.max_threads(self.machine.ring.bw_intra, self.machine.ring.n_channels)
         self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes, nnodes=self.nnodes,
                                              max_threads=self.max_threads)
-        self.cost_model = CostModel(self.machine, self._proto_text, self._algo_text)
+        self.cost_model = CostModel(self.machine, proto_text, algo_text)
         if self.rank == 0:
             for line in self.cost_model.tuning_lines(self.max_threads):
                 debug.info("TUNING", line)
@@ -171,10 +141,11 @@ class Communicator:
                 "channel_origin": self.channel_origin,
                 "net": bool(self.conns and self.conns.proxied)}
 
-    def _free_connections(self) -> None:
-        """The transports' ``free``: the proxy first finishes its last ops, so their events are in the trace."""
+    def _free_connections(self, failed: bool = False) -> None:
+        """The transports' ``free``: the proxy first finishes its last ops, so their events are in the trace
+        (after a failure it never would: then at once, so that the rank exits and its peers learn it)."""
         if self.conns is not None:
-            self.conns.free()
+            self.conns.free(drain=not failed and self._error is None)
             self.conns = None
 
     def _flush_trace(self) -> None:
@@ -238,85 +209,14 @@ class Communicator:
         kernel.tracer = tracer = self.tracer
         self._kernel = kernel
         t0 = now() if tracer is not None else 0
-        chunk_steps, slice_steps = PROTOCOLS[proto].chunk_slice_steps(plan.algo, enqueue.CHUNKSTEPS[func],
-                                                                      enqueue.SLICESTEPS[func])
-        proxy_ops = []
-        if self.conns is not None and self.conns.proxied:
-            steps = enqueue.proxy_steps(plan, self.channels, self.nranks, root, chunk_steps)
-            proxy_ops = self.conns.save_ops(steps, proto, slice_steps, chunk_steps, tracer, self.op_count)
-        works = launch.channel_works(kernel, plan, self.channels, self.nranks, send, recv, redop, root, in_place,
-                                     chunk_steps, slice_steps)
-        kernel.run(works)
-        sends = [op for op in proxy_ops if op.nc.conn.is_send]
-        if sends:  # the proxy has handed our last steps to the network: see net.wait_sent
-            kernel.run([net.wait_sent(kernel, sends)])
+        chunk_steps, slice_steps = enqueue.chunk_slice_steps(plan)
+        counts = (enqueue.proxy_steps(plan, self.channels, self.nranks, root, chunk_steps)
+                  if self.conns is not None and self.conns.proxied else [])
+        launch.run_plan(kernel, plan, self.channels, self.nranks, send, recv, redop, root, in_place, chunk_steps,
+                        slice_steps, self.conns, counts)
         if tracer is not None:
             tracer.add("coll", self.op_count, func, plan.algo, proto, count, dtype_name(send.dtype) if func not in
                        ("AllGather", "Broadcast") else "int8", redop.name, root, plan.nchannels, t0, now())
-
-    # --- public API (ncclAllReduce & co.), numpy arrays in and out: ours and nccl4py's forms (see api.py) ---
-    @classmethod
-    def init(cls, nranks: int, rank: int, unique_id: UniqueId | bytes, config=None) -> "Communicator":
-        """nccl4py's ``Communicator.init(nranks=, rank=, unique_id=)`` (``ncclCommInitRank``)."""
-        return cls(unique_id, nranks, rank)
-
-    def all_reduce(self, send: np.ndarray, *rest, op: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
-        out, op = api.buffer_first("all_reduce", rest, out, op, "sum")
-        send = api.check_send("all_reduce", send)
-        flat, recv, result = api.buffers("all_reduce", send, out, send.size, send.shape)
-        self._launch("AllReduce", flat, recv, flat.size, op, -1)
-        return result
-
-    def all_gather(self, send: np.ndarray, *rest, out: np.ndarray | None = None) -> np.ndarray:
-        out, _ = api.buffer_first("all_gather", rest, out, None, None)
-        send = api.check_send("all_gather", send)
-        shape = api.gathered_shape(send.shape, self.nranks)
-        flat, recv, result = api.buffers("all_gather", send, out, send.size * self.nranks, shape)
-        self._launch("AllGather", flat, recv, flat.size, "sum", -1)
-        return result
-
-    def reduce_scatter(self, send: np.ndarray, *rest, op: str | None = None,
-                       out: np.ndarray | None = None) -> np.ndarray:
-        out, op = api.buffer_first("reduce_scatter", rest, out, op, "sum")
-        send = api.check_send("reduce_scatter", send)
-        if send.size % self.nranks:
-            raise ValueError(f"reduce_scatter: send size {send.size} is not a multiple of nranks {self.nranks}")
-        count = send.size // self.nranks
-        shape = api.scattered_shape(send.shape, count, self.nranks)
-        flat, recv, result = api.buffers("reduce_scatter", send, out, count, shape)
-        self._launch("ReduceScatter", flat, recv, count, op, -1)
-        return result
-
-    def broadcast(self, buf: np.ndarray, *rest, root: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
-        out, root = api.buffer_first("broadcast", rest, out, root, 0)
-        self._check_root(root)
-        buf = api.check_send("broadcast", buf)
-        flat, recv, result = api.buffers("broadcast", buf, buf if out is None else out, buf.size, buf.shape)
-        self._launch("Broadcast", flat, recv, flat.size, "sum", root)
-        return result
-
-    def reduce(self, send: np.ndarray, *rest, root: int | None = None, op: str | None = None,
-               out: np.ndarray | None = None) -> np.ndarray:
-        """``reduce(x, root=0, op="sum")``, or nccl4py's ``reduce(sendbuf, recvbuf, op, root=None)`` where no root
-        means AllReduce.  A non-root rank's receive buffer is left as it was, as NCCL leaves it."""
-        if rest and isinstance(rest[0], np.ndarray):  # nccl4py: (recvbuf, op[, root])
-            if len(rest) > 3:
-                raise TypeError("reduce: too many positional arguments")
-            out, op, root = rest[0], rest[1] if len(rest) > 1 else op, rest[2] if len(rest) > 2 else root
-            if root is None:
-                return self.all_reduce(send, out, op or "sum")
-        elif rest:  # ours: (root[, op])
-            if len(rest) > 2:
-                raise TypeError("reduce: too many positional arguments")
-            root, op = rest[0], rest[1] if len(rest) > 1 else op
-        root, op = 0 if root is None else root, op or "sum"
-        self._check_root(root)
-        send = api.check_send("reduce", send)
-        flat, recv, result = api.buffers("reduce", send, out, send.size, send.shape, zero=self.rank != root)
-        self._launch("Reduce", flat, recv, flat.size, op, root)
-        return result
-
-    allreduce, allgather = all_reduce, all_gather  # nccl4py's names
 
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
         """How ``func`` of ``count`` elements would run: protocol, channels, parts, chunks (no data moves)."""
@@ -384,7 +284,7 @@ class Communicator:
         elif not self._destroyed:
             self._destroyed = True
             self.health.destroyed(self.op_count)
-            self._free_connections()
+            self._free_connections(failed=True)
             self.bootstrap.close()
 
 

@@ -204,6 +204,11 @@ def tree_calls(work: ChannelWork, tree) -> tuple[dict, dict]:
     return {p: loops for p in peers}, {p: loops for p in peers}
 
 
+def chunk_slice_steps(plan: Plan) -> tuple[int, int]:
+    """``calcCollChunking``'s chunkSteps and sliceSteps of a plan (several only for Ring/Simple)."""
+    return PROTOCOLS[plan.proto].chunk_slice_steps(plan.algo, CHUNKSTEPS[plan.func], SLICESTEPS[plan.func])
+
+
 def proxy_steps(plan: Plan, channels: list, nranks: int, root: int, chunk_steps: int) -> list[tuple]:
     """``ncclProxySaveOp``'s counts: for every connector this collective uses on every channel it runs, the steps
     the kernel will move through it (``ring_calls``/``tree_calls`` primitive calls, ``chunk_steps`` each)."""

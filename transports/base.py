@@ -52,5 +52,6 @@ class Transport:
         """A failure the transport found outside a kernel's waits (NET's proxy thread), or None."""
         return None
 
-    def free(self, state) -> None:
-        """``send.free`` / ``recv.free`` for every connection: release segments, sockets, threads."""
+    def free(self, state, drain: bool = True) -> None:
+        """``send.free`` / ``recv.free`` for every connection: release segments, sockets, threads; ``drain``: first
+        let in-flight work finish (not after a failure, when it never will)."""

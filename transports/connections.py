@@ -20,7 +20,7 @@ from misc.param import timeout_s
 from tracing import debug
 
 from .base import CommInfo
-from .net import ProxyOp
+from .net import ProxyOp, wait_sent
 from .registry import select_transport
 
 
@@ -80,12 +80,16 @@ class Connections:
                 proxy.post(ops)
         return ops
 
+    def wait_sent(self, kernel, ops: list):
+        """A kernel work item that ends once every send op of ``ops`` is done (``net.wait_sent``)."""
+        return wait_sent(kernel, [op for op in ops if op.nc.conn.is_send])
+
     def error(self) -> str | None:
         return next((e for t, s in self.states.items() if (e := t.error(s))), None)
 
-    def free(self) -> None:
+    def free(self, drain: bool = True) -> None:
         for t, state in self.states.items():
-            t.free(state)
+            t.free(state, drain)
         self.states = {}
 
 

@@ -316,10 +316,11 @@ class NetTransport(Transport):
     def error(self, state: NetState) -> str | None:
         return state.proxy.error if state.proxy is not None else None
 
-    def free(self, state: NetState) -> None:
-        """Let the proxy finish what the last collective posted (within the deadline), then close."""
+    def free(self, state: NetState, drain: bool = True) -> None:
+        """Let the proxy finish what the last collective posted (within the deadline, and not after a failure),
+        then close."""
         if state.proxy is not None:
-            end = time.monotonic() + timeout_s()
+            end = time.monotonic() + (timeout_s() if drain else 0)
             while not state.proxy.idle() and not state.proxy.error and time.monotonic() < end:
                 time.sleep(0.001)
             state.proxy.stop()

@@ -105,5 +105,5 @@ class ShmTransport(Transport):
     def connected(self, state: ShmSetup) -> None:
         state.unlink_all()  # every peer has mapped our segments: nothing of ours stays in /dev/shm
 
-    def free(self, state: ShmSetup) -> None:
+    def free(self, state: ShmSetup, drain: bool = True) -> None:
         state.unlink_all()

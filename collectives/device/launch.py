@@ -47,6 +47,22 @@ def primitives(kernel, proto: str, channel: int, recv, send, sendbuff, recvbuff,
     return PRIMITIVES[proto](kernel, channel, recv, send, sendbuff, recvbuff, redop, group)
 
 
+def run_plan(kernel, plan, channels: list, nranks: int, sendbuff, recvbuff, redop, root: int, in_place: bool,
+             chunk_steps: int, slice_steps: int, conns=None, proxy_counts: list = ()) -> None:
+    """``ncclLaunchKernel`` for one plan: hand the proxy its ops (``ncclProxySaveOp``: ``proxy_counts`` is
+    [(connector, steps)]), run every channel's work, then wait until the proxy has handed this collective's last
+    sends to the network (``conns.wait_sent``: a Python proxy cannot send while the caller's next C call keeps the
+    GIL)."""
+    proxy_ops = []
+    if proxy_counts:
+        proxy_ops = conns.save_ops(proxy_counts, plan.proto, slice_steps, chunk_steps, kernel.tracer,
+                                   kernel.op_count)
+    kernel.run(channel_works(kernel, plan, channels, nranks, sendbuff, recvbuff, redop, root, in_place, chunk_steps,
+                             slice_steps))
+    if proxy_ops:
+        kernel.run([conns.wait_sent(kernel, proxy_ops)])
+
+
 def channel_works(kernel, plan, channels: list, nranks: int, sendbuff, recvbuff, redop, root: int, in_place: bool,
                   chunk_steps: int, slice_steps: int) -> list[Iterator]:
     """Every thread group of every channel of ``plan``, as generators for ``Kernel.run``."""
