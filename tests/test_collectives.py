@@ -1,8 +1,8 @@
 """Bitwise equality with the NCCL-order reference, across real processes (the acceptance matrix of issue 2)."""
-import json
 
 import pytest
 
+from workers import ALL, Case
 from conftest import run_ranks
 
 FLOATS = ["float32", "float16", "bfloat16"]
@@ -11,7 +11,7 @@ FLOATS = ["float32", "float16", "bfloat16"]
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
 def test_small_counts_all_collectives(n):
-    run_ranks(n, "bitwise", "1", "", json.dumps([0, 1, 7, 1023]), json.dumps(FLOATS))
+    run_ranks(n, "bitwise", Case(channels=1, counts=[0, 1, 7, 1023], dtypes=FLOATS).arg())
 
 
 @pytest.mark.parametrize("n,nch,rings", [
@@ -20,32 +20,32 @@ def test_small_counts_all_collectives(n):
     (3, 2, None),
 ])
 def test_channels_and_explicit_rings(n, nch, rings):
-    run_ranks(n, "bitwise", str(nch), json.dumps(rings) if rings else "", json.dumps([1, 7, 1023, 70001]),
-              json.dumps(FLOATS))
+    run_ranks(n, "bitwise", Case(channels=nch, rings=rings or None, counts=[1, 7, 1023, 70001], dtypes=FLOATS).arg())
 
 
 def test_prime_above_a_million_and_beyond_one_loop():
     # 1_000_003 (prime) and 2*524288+4099: two loops, the last one shortened (n=2, float32 chunk 524288).
-    run_ranks(2, "bitwise", "2", json.dumps([[1, 0]]), json.dumps([1_000_003, 2 * 524288 + 4099]),
-              json.dumps(["float32"]))
+    run_ranks(2, "bitwise", Case(channels=2, rings=[[1, 0]], counts=[1_000_003, 2 * 524288 + 4099],
+                                 dtypes=["float32"]).arg())
 
 
 def test_beyond_one_loop_fp16_bf16_n3():
     # fp16 chunkCount is 1048576: 3 ranks * 1048576 + 37 needs a second, short loop.
-    run_ranks(3, "bitwise", "1", "", json.dumps([3 * 1048576 + 37]), json.dumps(["float16", "bfloat16"]),
-              json.dumps(["allreduce", "reducescatter"]))
+    run_ranks(3, "bitwise", Case(channels=1, counts=[3 * 1048576 + 37], dtypes=["float16", "bfloat16"],
+                                 colls=["allreduce", "reducescatter"]).arg())
 
 
 def test_eight_ranks():
-    run_ranks(8, "bitwise", "2", json.dumps([[0, 7, 1, 6, 2, 5, 3, 4]]), json.dumps([0, 1, 1023, 300007]),
-              json.dumps(FLOATS), json.dumps(["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]))
+    run_ranks(8, "bitwise", Case(channels=2, rings=[[0, 7, 1, 6, 2, 5, 3, 4]], counts=[0, 1, 1023, 300007],
+                                 dtypes=FLOATS, colls=ALL).arg())
 
 
 def test_avg_prod_min_max_floats():
-    run_ranks(4, "bitwise", "2", "", json.dumps([7, 4099]), json.dumps(FLOATS + ["float64"]),
-              json.dumps(["allreduce", "reducescatter", "reduce"]), json.dumps(["avg", "prod", "min", "max"]))
+    run_ranks(4, "bitwise", Case(channels=2, counts=[7, 4099], dtypes=FLOATS + ["float64"],
+                                 colls=["allreduce", "reducescatter", "reduce"],
+                                 ops=["avg", "prod", "min", "max"]).arg())
 
 
 def test_step_counters_carry_over():
     # Many collectives of mixed sizes on one communicator: steps round up per call and carry over.
-    run_ranks(3, "bitwise", "2", "", json.dumps([5, 100003, 3, 4099, 1, 262147]), json.dumps(["float32"]))
+    run_ranks(3, "bitwise", Case(channels=2, counts=[5, 100003, 3, 4099, 1, 262147], dtypes=["float32"]).arg())

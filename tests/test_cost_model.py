@@ -11,6 +11,7 @@ import pytest
 from collectives.graph import tuning
 from collectives.graph.cost_model import TREE_CORRECTION, CostModel, Graph, Machine, log2i
 from collectives.graph.presets import cpu_lab, dgx_a100, dgx_h100, pcie_box
+from workers import Case
 from conftest import ROOT, run_ranks
 
 EXAMPLE = Machine("example", 1, 8, 90, ring=Graph(16, 20, 20), tree=Graph(16, 20, 20))
@@ -132,7 +133,7 @@ def test_communicator_choice_equals_the_model_for_the_cpu_preset(proto):
 
 
 def test_tuning_table_is_logged_in_nccl_format():
-    proc = run_ranks(2, "bitwise", "1", "", "[7]", '["float32"]',
+    proc = run_ranks(2, "bitwise", Case(channels=1, counts=[7], dtypes=['float32']).arg(),
                      env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "TUNING"})
     lines = [ln for ln in proc.stdout.splitlines() if "NCCL INFO" in ln]
     assert any(ln.rstrip().endswith("|") and "AllReduce |" in ln and "/" in ln for ln in lines), lines[:10]

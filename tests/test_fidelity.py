@@ -17,6 +17,7 @@ from collectives.graph import tuning
 from collectives.graph.cost_model import RING, SIMPLE, TREE, CostModel, Graph, Machine
 from collectives.graph.presets import cpu_lab, dgx_a100, dgx_h100, pcie_box
 from collectives.graph.rings import ring_log_line
+from workers import Case
 from conftest import run_ranks
 from tracing import debug
 
@@ -82,7 +83,8 @@ def test_256_threads_keep_two_channels_where_512_would_shrink_to_one():
 
 def test_bitwise_at_the_thread_count_boundary():
     """The communicator against the reference, which derives 256 threads and 2 channels on its own."""
-    run_ranks(4, "bitwise", "1", "", "[12288]", '["float32"]', '["allreduce", "reducescatter"]')
+    run_ranks(4, "bitwise", Case(channels=1, counts=[12288], dtypes=['float32'],
+                                 colls=['allreduce', 'reducescatter']).arg())
 
 
 # --- 2. min/max with NaN: reduce_kernel.h FuncMinMax (fminf/fmaxf, fmin/fmax, __hmin/__hmax) --------------------
@@ -197,7 +199,8 @@ def test_multi_bit_masks(nccl_log, monkeypatch):
 
 
 def test_transport_lines_show_with_the_default_subsystems():
-    proc = run_ranks(4, "bitwise", "1", "", "[7]", '["float32"]', '["allreduce"]', env={"NCCL_DEBUG": "INFO"},
+    proc = run_ranks(4, "bitwise", Case(channels=1, counts=[7], dtypes=['float32'], colls=['allreduce']).arg(),
+        env={"NCCL_DEBUG": "INFO"},
                      nodes=2)
     out = proc.stdout
     assert "NCCL INFO Channel 00 : 0[0] -> 1[1] via SHM/direct\n" in out                 # 2.30.7's SHM line
@@ -208,7 +211,8 @@ def test_transport_lines_show_with_the_default_subsystems():
 # --- 7. formats: enqueue.cc's per-call algorithm line, debug.cc's WARN prefix, rings.cc dumpLine ---------------
 
 def test_algorithm_line_per_call_with_nccl_byte_count():
-    proc = run_ranks(2, "bitwise", "1", "", "[7, 100000]", '["float32"]', '["allreduce", "allgather"]',
+    proc = run_ranks(2, "bitwise", Case(channels=1, counts=[7, 100000], dtypes=['float32'],
+                                        colls=['allreduce', 'allgather']).arg(),
                      env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "TUNING"})
     lines = [ln.split("NCCL INFO ", 1)[1] for ln in proc.stdout.splitlines() if "Bytes -> Algo" in ln]
     # rank 0 only, once per call (out-of-place and in-place), count x type size; AllGather: the per-rank count
@@ -270,11 +274,13 @@ def test_proto_tokens_are_not_stripped():
 
 
 def test_any_buffsize_runs_bitwise():
-    run_ranks(3, "bitwise", "1", "", "[5, 300001]", '["float32", "float16"]', '["allreduce", "allgather", "reduce"]',
+    run_ranks(3, "bitwise", Case(channels=1, counts=[5, 300001], dtypes=['float32', 'float16'],
+                                 colls=['allreduce', 'allgather', 'reduce']).arg(),
               env={"NCCL_BUFFSIZE": "1000001", "NCCL_LL_BUFFSIZE": "100003", "NCCL_LL128_BUFFSIZE": "600007",
                    "NCCL_PROTO": "Simple"})
     for proto in ("LL", "LL128"):
-        run_ranks(3, "bitwise", "1", "", "[5, 300001]", '["float32"]', '["allreduce", "broadcast"]',
+        run_ranks(3, "bitwise", Case(channels=1, counts=[5, 300001], dtypes=['float32'],
+                                     colls=['allreduce', 'broadcast']).arg(),
                   env={"NCCL_BUFFSIZE": "1000001", "NCCL_LL_BUFFSIZE": "100003", "NCCL_LL128_BUFFSIZE": "600007",
                        "NCCL_PROTO": proto})
 
@@ -468,6 +474,8 @@ def test_trees_line_cut_at_nccls_buffer_keeps_complete_entries():
 @pytest.mark.parametrize("proto", ["Simple", "LL", "LL128"])
 def test_any_buffsize_runs_bitwise_over_net(proto):
     """The proxy's slots are the kernel's (whole lines per slot) when a buffer size is not a multiple of them."""
-    run_ranks(4, "bitwise", "1", "", "[5, 300001]", '["float32"]', '["allreduce", "allgather"]', nodes=2,
+    run_ranks(4, "bitwise", Case(channels=1, counts=[5, 300001], dtypes=['float32'],
+                                 colls=['allreduce', 'allgather']).arg(),
+        nodes=2,
               env={"NCCL_BUFFSIZE": "1000001", "NCCL_LL_BUFFSIZE": "100003", "NCCL_LL128_BUFFSIZE": "600007",
                    "NCCL_PROTO": proto, "NCCLLAB_TIMEOUT": "60"})

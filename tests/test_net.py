@@ -1,6 +1,5 @@
 """The NET transport over the socket plugin: bitwise results across emulated nodes, the plugin's semantics,
 failures, and the network-namespace script."""
-import json
 import os
 import shutil
 import socket
@@ -12,34 +11,36 @@ import time
 import numpy as np
 import pytest
 
+from workers import Case
 from conftest import ROOT, run_ranks
 from transports.net_plugin import NetError
 from transports.net_socket import SocketNet
 
-ALL = json.dumps(["allreduce", "reducescatter", "allgather", "broadcast", "reduce"])
+ALL = ["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]
 
 
 @pytest.mark.parametrize("proto", ["Simple", "LL", "LL128"])
 def test_two_nodes_of_two_bitwise(proto):
-    run_ranks(4, "bitwise", "1", "", json.dumps([0, 1, 7, 1023, 70_001]), json.dumps(["float32", "bfloat16"]),
-              ALL, env={"NCCL_PROTO": proto, "NCCLLAB_TIMEOUT": "60"}, nodes=2)
+    run_ranks(4, "bitwise", Case(channels=1, counts=[0, 1, 7, 1023, 70_001], dtypes=["float32", "bfloat16"],
+                                 colls=ALL).arg(),
+        env={"NCCL_PROTO": proto, "NCCLLAB_TIMEOUT": "60"}, nodes=2)
 
 
 @pytest.mark.parametrize("proto", ["Simple", "LL", "LL128"])
 def test_two_nodes_of_four_bitwise_two_channels(proto):
-    run_ranks(8, "bitwise", "2", "", json.dumps([3, 100_003]), json.dumps(["float32", "float16"]), ALL,
+    run_ranks(8, "bitwise", Case(channels=2, counts=[3, 100_003], dtypes=["float32", "float16"], colls=ALL).arg(),
               env={"NCCLLAB_TIMEOUT": "90", "NCCL_PROTO": proto}, nodes=2, timeout=400)
 
 
 @pytest.mark.parametrize("proto", ["Simple", "LL"])
 def test_shm_disabled_on_one_node(proto):
-    run_ranks(4, "bitwise", "1", "", json.dumps([5, 65_537]), json.dumps(["float32"]), ALL,
+    run_ranks(4, "bitwise", Case(channels=1, counts=[5, 65_537], dtypes=["float32"], colls=ALL).arg(),
               env={"NCCL_PROTO": proto, "NCCLLAB_TEST_SHM_DISABLE_NODE": "1", "NCCL_DEBUG": "INFO",
                    "NCCL_DEBUG_SUBSYS": "NET,SHM"}, nodes=2)
 
 
 def test_transport_log_lines():
-    proc = run_ranks(4, "bitwise", "1", "", "[7]", '["float32"]', json.dumps(["allreduce"]),
+    proc = run_ranks(4, "bitwise", Case(channels=1, counts=[7], dtypes=['float32'], colls=["allreduce"]).arg(),
                      env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,SHM"}, nodes=2)
     out = proc.stdout
     assert "Channel 00/0 : 1[1] -> 2[0] [send] via NET/Socket/0" in out

@@ -1,24 +1,24 @@
 """Collectives over NET/IB between emulated nodes (NCCL_HOSTID), on the software verbs provider: bitwise against
 the NCCL-order reference for every collective and protocol, 1 and 4 QPs per connection, split on and off, chaos
 mode; the log lines; the trace events; a peer killed mid-transfer."""
-import json
 import os
 import re
 
 import pytest
 
+from workers import Case
 from conftest import run_ranks
 from tracing import export
 from tracing.events import read_rank_file
 from visualize import diagrams, ib_sequence
 
-ALL = json.dumps(["allreduce", "reducescatter", "allgather", "broadcast", "reduce"])
+ALL = ["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]
 IB = {"NCCL_NET": "IB", "NCCLLAB_VERBS": os.environ.get("NCCLLAB_VERBS", "auto"), "NCCLLAB_TIMEOUT": "60"}
 
 
 @pytest.mark.parametrize("proto,qps,split", [("Simple", "1", "0"), ("LL", "4", "1"), ("LL128", "4", "0")])
 def test_two_nodes_of_two_bitwise(proto, qps, split):
-    run_ranks(4, "bitwise", "2", "", json.dumps([0, 7, 70_001]), json.dumps(["float32", "bfloat16"]), ALL,
+    run_ranks(4, "bitwise", Case(channels=2, counts=[0, 7, 70_001], dtypes=["float32", "bfloat16"], colls=ALL).arg(),
               env={**IB, "NCCL_PROTO": proto, "NCCL_IB_QPS_PER_CONNECTION": qps, "NCCL_IB_SPLIT_DATA_ON_QPS": split},
               nodes=2, timeout=400)
 
@@ -26,13 +26,13 @@ def test_two_nodes_of_two_bitwise(proto, qps, split):
 @pytest.mark.parametrize("proto,unit", [("Simple", "64"), ("LL", "64"), ("LL128", "128")])
 def test_four_nodes_chaos_bitwise(proto, unit):
     """Shuffled placement and delayed completions change nothing (LL128 lines need 128-B units: chaos.py)."""
-    run_ranks(4, "bitwise", "1", "", json.dumps([3, 100_003]), json.dumps(["float32"]), ALL,
+    run_ranks(4, "bitwise", Case(channels=1, counts=[3, 100_003], dtypes=["float32"], colls=ALL).arg(),
               env={**IB, "NCCL_PROTO": proto, "NCCLLAB_SIM_CHAOS": "11", "NCCLLAB_SIM_CHAOS_UNIT": unit,
                    "NCCL_IB_QPS_PER_CONNECTION": "4", "NCCL_IB_SPLIT_DATA_ON_QPS": "1"}, nodes=4, timeout=400)
 
 
 def test_ib_log_lines():
-    proc = run_ranks(4, "bitwise", "1", "", "[7]", '["float32"]', json.dumps(["allreduce"]),
+    proc = run_ranks(4, "bitwise", Case(channels=1, counts=[7], dtypes=['float32'], colls=["allreduce"]).arg(),
                      env={**IB, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}, nodes=2)
     out = proc.stdout
     assert "Channel 00/0 : 1[1] -> 2[0] [send] via NET/IB/0" in out

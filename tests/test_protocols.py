@@ -1,5 +1,4 @@
 """LL and LL128: bitwise against the reference, flags that never admit a torn or stale line, flag wrap-around."""
-import json
 import os
 import subprocess
 import sys
@@ -10,42 +9,41 @@ import pytest
 
 from collectives.device import ll_kernels as K
 from collectives.graph import tuning
+from workers import ALL, Case
 from conftest import ROOT, run_ranks
 
-FLOATS = json.dumps(["float32", "float16", "bfloat16"])
+FLOATS = ["float32", "float16", "bfloat16"]
 
 
 @pytest.mark.parametrize("proto", ["LL", "LL128"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_bitwise_all_collectives(proto, n):
     # 0 B .. past one LL128 step (576,000 B) and many LL steps; odd counts; several calls per communicator.
-    counts = json.dumps([0, 1, 7, 1023, 4099, 160_001])
-    run_ranks(n, "bitwise", "2", "", counts, FLOATS, env={"NCCL_PROTO": proto})
+    counts = [0, 1, 7, 1023, 4099, 160_001]
+    run_ranks(n, "bitwise", Case(channels=2, counts=counts, dtypes=FLOATS).arg(), env={"NCCL_PROTO": proto})
 
 
 @pytest.mark.parametrize("proto", ["LL", "LL128"])
 def test_bitwise_four_and_eight_ranks(proto):
-    run_ranks(4, "bitwise", "1", json.dumps([[0, 2, 3, 1]]), json.dumps([3, 65_537]), FLOATS,
-              json.dumps(["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]),
+    run_ranks(4, "bitwise", Case(channels=1, rings=[[0, 2, 3, 1]], counts=[3, 65_537], dtypes=FLOATS, colls=ALL).arg(),
               env={"NCCL_PROTO": proto})
-    run_ranks(4, "bitwise", "1", "", json.dumps([1_000_003]), json.dumps(["float32"]),  # several MiB
-              json.dumps(["allreduce", "reducescatter", "allgather"]), env={"NCCL_PROTO": proto})
-    run_ranks(8, "bitwise", "2", "", json.dumps([1, 1023, 40_009]), FLOATS,
-              json.dumps(["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]),
+    run_ranks(4, "bitwise", Case(channels=1, counts=[1_000_003], dtypes=["float32"],
+                                 colls=["allreduce", "reducescatter", "allgather"]).arg(), env={"NCCL_PROTO": proto})
+    run_ranks(8, "bitwise", Case(channels=2, counts=[1, 1023, 40_009], dtypes=FLOATS, colls=ALL).arg(),
               env={"NCCL_PROTO": proto})
 
 
 def test_protocols_mixed_on_one_communicator():
     # Simple for AllReduce, LL for the others: steps round up for Simple and carry over through LL steps.
-    run_ranks(3, "bitwise", "1", "", json.dumps([5, 70_001, 2, 300_007]), json.dumps(["float32"]),
+    run_ranks(3, "bitwise", Case(channels=1, counts=[5, 70_001, 2, 300_007], dtypes=["float32"]).arg(),
               env={"NCCL_PROTO": "LL;allreduce:Simple"})
 
 
 def test_ll_flag_wraparound_with_small_clean_mask():
     # NCCL's test build: flags modulo 256 and clean mask 0x78.  Hundreds of steps of alternating sizes pass the
     # wrap several times; a line kept from 256 steps earlier would carry the current flag without the cleanup.
-    sizes = json.dumps([4096, 3, 8190, 1, 6000, 2, 4096, 5] * 6)
-    run_ranks(2, "bitwise", "1", "", sizes, json.dumps(["float32"]), json.dumps(["allreduce"]),
+    sizes = [4096, 3, 8190, 1, 6000, 2, 4096, 5] * 6
+    run_ranks(2, "bitwise", Case(channels=1, counts=sizes, dtypes=["float32"], colls=["allreduce"]).arg(),
               env={"NCCL_PROTO": "LL", "NCCLLAB_LL_FLAG_MOD": "256", "NCCLLAB_LL_CLEAN_MASK": "0x78"})
 
 
@@ -180,7 +178,8 @@ def test_proto_grammar():
                                        ({"NCCL_ALGO": "Tree"}, "No algorithm"),
                                        ({"NCCL_ALGO": "Rng"}, "unrecognized element")])
 def test_bad_proto_or_algo_is_a_clear_error_on_every_rank(env, match):
-    proc = run_ranks(2, "bitwise", "1", "", "[7]", '["float32"]', env=env, check=False, timeout=120)
+    proc = run_ranks(2, "bitwise", Case(channels=1, counts=[7], dtypes=['float32']).arg(),
+        env=env, check=False, timeout=120)
     assert proc.returncode != 0
     assert proc.stderr.count(match) >= 2, proc.stderr[-2000:]
 

@@ -10,6 +10,7 @@ import pytest
 
 from collectives import enqueue, reference
 from collectives.graph.trees import channel_trees, connect_trees
+from workers import Case
 from conftest import FIXTURES, ROOT, run_ranks
 
 PROTOS = ["Simple", "LL", "LL128"]
@@ -106,7 +107,7 @@ def test_four_nodes_of_two_over_net_bitwise():
 def test_log_lines_and_auto_choice_across_nodes():
     """INIT prints every channel's Trees and `Connected all trees`; across nodes the CPU model picks Tree for
     small messages (the NET step costs more than a tree level) and Ring for large ones, and both are right."""
-    proc = run_ranks(4, "bitwise", "1", "", "[7, 4000000]", '["float32"]', '["allreduce"]',
+    proc = run_ranks(4, "bitwise", Case(channels=1, counts=[7, 4000000], dtypes=['float32'], colls=['allreduce']).arg(),
                      env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,TUNING"}, nodes=2, timeout=300)
     out = proc.stdout + proc.stderr
     assert out.count("Connected all trees") == 4

@@ -7,6 +7,7 @@ import pytest
 
 from collectives.graph.replay import replay
 from collectives.graph.trees import connect_trees, get_btree, get_dtree
+from workers import Case
 from conftest import FIXTURES, ROOT, run_ranks
 from tracing.nccl_log import LogError
 
@@ -131,7 +132,9 @@ def test_replay_our_own_logs(tmp_path, nranks, nodes, rings):
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_DEBUG_FILE": str(tmp_path / "log.%p")}
     if rings:
         env["NCCLLAB_RINGS"] = rings
-    run_ranks(nranks, "bitwise", "1" if not rings else "2", "", "[7]", '["float32"]', '["allreduce"]',
+    run_ranks(nranks, "bitwise", Case(channels=2 if rings else 1, counts=[7], dtypes=['float32'],
+                                      colls=['allreduce']).arg(),
+        
               env=env, nodes=nodes, timeout=300)
     text = "\n".join(p.read_text() for p in sorted(tmp_path.glob("log.*")))
     rep = replay(text)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict, dataclass, field
 import os
 import signal
 import sys
@@ -11,6 +12,7 @@ import numpy as np
 
 import collectives
 from collectives import reference
+from collectives.colls import BY_CLI
 from collectives.device.reduce_copy import DTYPES
 
 BIG_PRIME = 1_000_003
@@ -41,61 +43,36 @@ def same(got, want, what: str) -> None:
                              f"want {want.ravel()[bad[:3]]}")
 
 
+def poisoned(count: int, dt) -> np.ndarray:
+    """An output buffer of ``count`` elements whose every byte is 0xFF (NaN for floats, -1 or max for integers)."""
+    return np.frombuffer(b"\xff" * (count * np.dtype(dt).itemsize), dt).copy()
+
+
 def check_all(comm, seed: int, dtype: str, count: int, colls: list[str], op: str = "sum") -> None:
-    """Every collective in ``colls``, out-of-place and in-place, poisoned outputs, bitwise vs the reference."""
+    """Every collective in ``colls`` (runner names), out-of-place and in-place, poisoned outputs, bitwise vs the
+    reference; roots vary with the seed."""
     n, r = comm.nranks, comm.rank
     dt = DTYPES[dtype]
-    funcs = {"allreduce": "AllReduce", "reducescatter": "ReduceScatter", "allgather": "AllGather",
-             "broadcast": "Broadcast", "reduce": "Reduce"}
-    for coll in colls:
-        kw = independent_config(comm, funcs[coll], count, dt)
+    for name in colls:
+        coll = BY_CLI[name]
+        kw = independent_config(comm, coll.name, count, dt)
+        root = (seed + count + (coll.name == "Reduce")) % n
         for in_place in (False, True):
-            tag = f"{coll} {dtype} count={count} n={n} ch={comm.nchannels} rings={comm.rings} in_place={in_place}"
-            if coll == "allreduce":
-                xs = inputs_for(seed, n, count, dt)
-                out = np.full(count, 0xFF, np.uint8).view(dt) if dt.itemsize == 1 else \
-                    np.frombuffer(b"\xff" * (count * dt.itemsize), dt).copy()
-                if in_place:
-                    out[...] = xs[r]
-                    got = comm.all_reduce(out, op=op, out=out)
-                else:
-                    got = comm.all_reduce(xs[r].copy(), op=op, out=out)
-                same(got, reference.all_reduce(xs, op, **kw), tag)
-            elif coll == "reducescatter":
-                xs = inputs_for(seed, n, count * n, dt)
-                if in_place:
-                    buf = xs[r].copy()
-                    got = comm.reduce_scatter(buf, op=op, out=buf[r * count:(r + 1) * count])
-                else:
-                    out = np.frombuffer(b"\xff" * (count * dt.itemsize), dt).copy()
-                    got = comm.reduce_scatter(xs[r].copy(), op=op, out=out)
-                same(got, reference.reduce_scatter(xs, r, op, **kw), tag)
-            elif coll == "allgather":
-                xs = inputs_for(seed, n, count, dt)
-                out = np.frombuffer(b"\xff" * (count * n * dt.itemsize), dt).copy()
-                if in_place:
-                    out[r * count:(r + 1) * count] = xs[r]
-                    got = comm.all_gather(out[r * count:(r + 1) * count], out=out)
-                else:
-                    got = comm.all_gather(xs[r].copy(), out=out)
-                same(got, reference.all_gather(xs), tag)
-            elif coll == "broadcast":
-                root = (seed + count) % n
-                xs = inputs_for(seed, n, count, dt)
-                if in_place:
-                    buf = xs[r].copy() if r == root else np.frombuffer(b"\xff" * (count * dt.itemsize), dt).copy()
-                    got = comm.broadcast(buf, root=root)
-                else:
-                    out = np.frombuffer(b"\xff" * (count * dt.itemsize), dt).copy()
-                    got = comm.broadcast(xs[r].copy(), root=root, out=out)
-                same(got, reference.broadcast(xs, root), tag)
-            elif coll == "reduce":
-                root = (seed + count + 1) % n
-                xs = inputs_for(seed, n, count, dt)
-                out = xs[r].copy() if in_place else np.frombuffer(b"\xff" * (count * dt.itemsize), dt).copy()
-                got = comm.reduce(out if in_place else xs[r].copy(), root=root, op=op, out=out)
-                if r == root:
-                    same(got, reference.reduce(xs, root, op, **kw), tag)
+            tag = f"{name} {dtype} count={count} n={n} ch={comm.nchannels} rings={comm.rings} in_place={in_place}"
+            nsend = count * n if coll.name == "ReduceScatter" else count
+            nrecv = count * n if coll.name == "AllGather" else count
+            xs = inputs_for(seed, n, nsend, dt)
+            buf = poisoned(max(nsend, nrecv), dt)
+            if in_place:
+                send, out = coll.in_place(buf, r, count)
+                if not (coll.name == "Broadcast" and r != root):  # a non-root's Broadcast buffer stays poisoned
+                    send[...] = xs[r]
+            else:
+                send, out = xs[r].copy(), buf[:nrecv]
+            got = coll.call(comm, send, out, op, root)
+            want = coll.reference(xs, r, op, root, **kw)
+            if want is not None:
+                same(got, want, tag)
             seed += 1
 
 
@@ -120,21 +97,32 @@ def independent_config(comm, func: str, count: int, dt) -> dict:
             or chosen["algo"], "trees": chosen["trees"]}
 
 
+@dataclass
+class Case:
+    """What the ``bitwise`` worker checks: a communicator with ``channels`` search channels (and ``rings`` if
+    given), then every count x type x op of every collective in ``colls``.  Travels as one JSON argument."""
+    counts: list
+    dtypes: list
+    colls: list = field(default_factory=lambda: list(ALL))
+    ops: list = field(default_factory=lambda: ["sum"])
+    channels: int = 1
+    rings: list | None = None
+
+    def arg(self) -> str:
+        return json.dumps(asdict(self))
+
+
 def bitwise(args: list[str]) -> None:
-    """bitwise CHANNELS RINGS(json or '') COUNTS(json) DTYPES(json) [COLLS(json)] [OPS(json)]"""
-    nch = int(args[0])
-    rings = json.loads(args[1]) if args[1] else None
-    counts, dtypes = json.loads(args[2]), json.loads(args[3])
-    colls = json.loads(args[4]) if len(args) > 4 else ALL
-    ops = json.loads(args[5]) if len(args) > 5 else ["sum"]
+    """bitwise CASE (a ``Case`` as JSON)"""
+    case = Case(**json.loads(args[0]))
     seed = int.from_bytes(os.urandom(4), "little")
-    with collectives.Communicator(rings=rings, nchannels=nch) as comm:
-        comm._test_rings, comm._test_search_channels = rings, nch  # what the test asked for
+    with collectives.Communicator(rings=case.rings, nchannels=case.channels) as comm:
+        comm._test_rings, comm._test_search_channels = case.rings, case.channels  # what the test asked for
         seed = comm.bootstrap.allgather_obj(seed)[0]  # fresh inputs each run, the same on every rank
-        for count in counts:
-            for dtype in dtypes:
-                for op in ops:
-                    check_all(comm, seed, dtype, count, colls, op)
+        for count in case.counts:
+            for dtype in case.dtypes:
+                for op in case.ops:
+                    check_all(comm, seed, dtype, count, case.colls, op)
                     seed += 101
     print(f"rank {comm.rank} ok", flush=True)
 
