@@ -129,7 +129,11 @@ def main() -> int:
                 comm.destroy()
             comm, config = new_comm(world, rng, nodes_choices)
             comms += 1
-        what, ok = one_collective(comm, rng, seed * 1_000_003 + done, a.max_bytes)
+        try:
+            what, ok = one_collective(comm, rng, seed * 1_000_003 + done, a.max_bytes)
+        except collectives.CollectiveError:  # say what was running, then let the job end (MPI_Abort)
+            print(f"rank {world.rank}: collective {done} of seed {seed} failed [{config}]", flush=True)
+            raise
         if not ok:
             wrong += 1
             print(f"rank {world.rank}: WRONG {what} [{config}]", flush=True)

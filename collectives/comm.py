@@ -175,7 +175,7 @@ class Communicator(api.Collectives):
             if count == 0:
                 return  # NCCL returns before enqueueing anything
             if self.nranks == 1:
-                self._one_rank(func, send, recv, redop)
+                self._one_rank(send, recv, redop)
                 return
             self._run(func, send, recv, count, redop, root)
         except CollectiveError as exc:
@@ -186,7 +186,7 @@ class Communicator(api.Collectives):
         finally:
             self.op_count += 1
 
-    def _one_rank(self, func: str, send, recv, redop: RedOp) -> None:
+    def _one_rank(self, send, recv, redop: RedOp) -> None:
         """``ncclLaunchOneRank``: a local reduce-copy applying the pre- and post-op."""
         n = len(recv)
         reduce_copy(redop, [send[:n]], [recv[:n]], pre_op=True, post_op=True)

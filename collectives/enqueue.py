@@ -115,7 +115,6 @@ class Plan:
     elt_size: int       # 1 for AllGather/Broadcast (bytes)
     count: int          # in elt_size units
     n_max_channels: int
-    n_warps: int
     works: tuple        # ChannelWork per channel used
 
     @property
@@ -130,9 +129,9 @@ def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "
         count, elt_size = count * elt_size, 1
     n = t.nranks
     nbytes = elt_size * max_send_recv_count(func, n, count)
-    n_max_ch, n_warps = topo_get_algo_info(t, algo, proto, nbytes)
+    n_max_ch, _ = topo_get_algo_info(t, algo, proto, nbytes)  # nWarps: the block size, no use on a CPU
     if count == 0:
-        return Plan(func, algo, proto, elt_size, 0, n_max_ch, n_warps, ())
+        return Plan(func, algo, proto, elt_size, 0, n_max_ch, ())
     tpb = traffic_per_byte(func, n) * (4 if PROTOCOLS[proto] is LL else 1)
     task_traffic = count * elt_size * tpb
     comm_channels = t.nchannels
@@ -173,7 +172,7 @@ def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "
         chunk_count = calc_coll_chunking(t, func, algo, proto, global_bytes * part) // grain * elts_per_grain
         works.append(ChannelWork(channel_id + c, offset, part, chunk_count, count))
         offset += part
-    return Plan(func, algo, proto, elt_size, count, n_max_ch, n_warps, tuple(works))
+    return Plan(func, algo, proto, elt_size, count, n_max_ch, tuple(works))
 
 
 def ring_calls(func: str, nranks: int, work: ChannelWork, user_ranks, root: int) -> tuple[int, int]:

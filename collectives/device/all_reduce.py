@@ -88,10 +88,10 @@ def run_tree_split(prims, tree, work) -> list:
     side.  Returns one generator per thread group."""
     if tree.up == -1:
         root = prims(tree.down, tree.down, 0)
-        return [_finished(run_tree_root(root, work), root)]
+        return [root.finished(run_tree_root(root, work))]
     up, down = prims(tree.down, [tree.up], 1), prims([tree.up], tree.down, 2)
-    return [_finished(run_tree_reduce_up(up, tree, work), up),
-            _finished(run_tree_broadcast_down(down, tree, work), down)]
+    return [up.finished(run_tree_reduce_up(up, tree, work)),
+            down.finished(run_tree_broadcast_down(down, tree, work))]
 
 
 def run_tree_reduce_up(prims, tree, work):
@@ -121,12 +121,6 @@ def run_tree_root(prims, work):
     straight back down, one ``recv_reduce_copy_send`` per chunk."""
     for offset, nelem in _tree_chunks(work):
         yield from prims.recv_reduce_copy_send(offset, offset, nelem, post_op=True)
-
-
-def _finished(gen, prims):
-    """A thread group's work, then its primitives' destructor (save the step counters)."""
-    yield from gen
-    prims.finish()
 
 
 def locate_tree(work, prim: str, src_ix, dst_ix) -> tuple[int, int]:

@@ -77,7 +77,7 @@ def channel_works(kernel, plan, channels: list, nranks: int, sendbuff, recvbuff,
         run, locate = RING[plan.func]
         if kernel.tracer is not None:
             prims.locate = locate(w, nranks, sendbuff.itemsize, ch.ring.user_ranks[0])
-        works.append(_finishing(run(prims, ch.ring, w, nranks, root, in_place), prims, w))
+        works.append(_traced_channel(prims.finished(run(prims, ch.ring, w, nranks, root, in_place)), kernel, w))
     return works
 
 
@@ -98,12 +98,6 @@ def _tree_works(kernel, ch, w, proto: str, sendbuff, recvbuff, redop) -> list:
     else:
         groups = all_reduce.run_tree_split(prims, ch.tree, w)
     return [_traced_channel(g, kernel, w) for g in groups]
-
-
-def _finishing(gen, prims, work):
-    """Run a channel's algorithm, then save its step counters (the primitives' destructor)."""
-    yield from _traced_channel(gen, prims.kernel, work)
-    prims.finish()
 
 
 def _traced_channel(gen, kernel, work):

@@ -107,15 +107,3 @@ def ll128_unpack(wire, data, first_slice, end_slice, perm):
     for s in range(first_slice, end_slice):
         for j in range(240):
             data[s * 240 + j] = wire[s * 256 + perm[j]]
-
-
-def warm_up() -> None:
-    """Compile (or load from numba's cache) every kernel before timing starts."""
-    w, d = np.zeros(512, np.uint64), np.zeros(480, np.uint64)
-    ll_pack(w, d, 4, 1)
-    ll_fill(w, 0, 4, 1)
-    ll_poll_unpack(w, d, 0, 4, 1)
-    ll128_pack(w, d, 2, LL128_PERM)
-    ll128_set_flags(w, 32, np.uint64(1))
-    ll128_ready(w, 0, 32, np.uint64(1))
-    ll128_unpack(w, d, 0, 2, LL128_PERM)

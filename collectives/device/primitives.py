@@ -122,6 +122,11 @@ class Primitives:
         return (self.output if from_output else self.input)[src_ix:src_ix + n]
 
     # --- shared pieces ---
+    def finished(self, gen):
+        """Run a thread group's work, then this destructor (the step counters are saved for the next call)."""
+        yield from gen
+        self.finish()
+
     def finish(self) -> None:
         """Destructor: save every connection's step counter for the next collective."""
         for conn, delta in self.recv_pairs:
