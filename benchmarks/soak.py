@@ -27,7 +27,7 @@ import collectives
 from collectives.colls import COLLECTIVES
 from collectives.device.reduce_copy import DTYPES
 from collectives.launch import under_mpirun
-from collectives.perf import parse_size
+from collectives.perf import parse_size, random_input
 
 OPS = ["sum", "prod", "min", "max", "avg"]
 PROTOS = ["Simple", "LL", "LL128", ""]
@@ -35,15 +35,7 @@ ALGOS = ["Ring", "allreduce:Tree", ""]
 
 
 def inputs(seed: int, n: int, count: int, dtype: np.dtype) -> list[np.ndarray]:
-    out = []
-    for q in range(n):
-        rng = np.random.default_rng([seed, q])
-        if dtype.kind in "iu":
-            info = np.iinfo(dtype)
-            out.append(rng.integers(info.min, info.max, size=count, dtype=dtype, endpoint=True))
-        else:
-            out.append(rng.uniform(-2.0, 2.0, count).astype(dtype))
-    return out
+    return [random_input(np.random.default_rng([seed, q]), count, dtype, 2.0) for q in range(n)]
 
 
 def poisoned(count: int, dtype: np.dtype) -> np.ndarray:

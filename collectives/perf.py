@@ -102,11 +102,13 @@ class _Rolled:
         return self[0:self.base.size]
 
 
-def _random(rng: np.random.Generator, count: int, dtype: np.dtype) -> np.ndarray:
+def random_input(rng: np.random.Generator, count: int, dtype, scale: float = 1.0) -> np.ndarray:
+    """Fresh inputs: integers over the type's whole range, floats uniform in [-scale, scale]."""
+    dtype = np.dtype(dtype)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         return rng.integers(info.min, info.max, size=count, dtype=dtype, endpoint=True)
-    return rng.uniform(-1.0, 1.0, count).astype(dtype)
+    return rng.uniform(-scale, scale, count).astype(dtype)
 
 
 def _poison(buf: np.ndarray) -> None:
@@ -155,7 +157,7 @@ class Runner:
         """Run once on fresh inputs with a poisoned output; count elements that differ from the reference."""
         comm, n, r = self.comm, self.comm.nranks, self.comm.rank
         param, nsend, nrecv = self.counts(size)
-        base = _random(np.random.default_rng(seed), nsend, self.dtype)
+        base = random_input(np.random.default_rng(seed), nsend, self.dtype)
         stride = 7919
         inputs = [_Rolled(base, q * stride) for q in range(n)]
         send, out = self._buffers(size, in_place)

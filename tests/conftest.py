@@ -38,3 +38,13 @@ def run_ranks(nranks: int, worker: str, *args: str, env: dict | None = None, tim
     if check and proc.returncode != 0:
         raise AssertionError(f"{worker} failed (rc {proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def wait_request(net, req, limit: float = 10.0) -> int:
+    """Test a net plugin request until it completes (its size), or fail after ``limit`` seconds."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        done, size = net.test(req)
+        if done:
+            return size
+    raise AssertionError("request never completed")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from workers import Case
-from conftest import ROOT, run_ranks
+from conftest import ROOT, run_ranks, wait_request
 from transports.net_plugin import NetError
 from transports.net_socket import SocketNet
 
@@ -68,13 +68,7 @@ def pair(request, monkeypatch):
     net.close_listen(lc)
 
 
-def wait(net, req, limit=10.0):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        done, size = net.test(req)
-        if done:
-            return size
-    raise AssertionError("request never completed")
+wait = wait_request
 
 
 def test_isend_irecv_test_and_sizes(pair):

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from conftest import wait_request
 from transports.net_ib import IbNet
 from transports.net_ib.common import IB_WRITE_CHUNK_ALIGNMENT
 from transports.net_ib.init import hca_selected, parse_hca
@@ -61,13 +62,7 @@ def post(fn, *args, limit=10.0):
     raise AssertionError(f"{fn.__name__} never returned a request")
 
 
-def wait(net, req, limit=10.0):
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        done, size = net.test(req)
-        if done:
-            return size
-    raise AssertionError("request never completed")
+wait = wait_request
 
 
 def test_sizes(pair):

@@ -13,22 +13,14 @@ import numpy as np
 import collectives
 from collectives import reference
 from collectives.colls import BY_CLI
+from collectives.perf import random_input
 from collectives.device.reduce_copy import DTYPES
 
 BIG_PRIME = 1_000_003
 
 
 def inputs_for(seed: int, n: int, count: int, dtype) -> list[np.ndarray]:
-    dt = np.dtype(dtype)
-    out = []
-    for q in range(n):
-        rng = np.random.default_rng([seed, q, count])
-        if dt.kind in "iu":
-            info = np.iinfo(dt)
-            out.append(rng.integers(info.min, info.max, size=count, dtype=dt, endpoint=True))
-        else:
-            out.append(rng.uniform(-2.0, 2.0, count).astype(dt))
-    return out
+    return [random_input(np.random.default_rng([seed, q, count]), count, dtype, 2.0) for q in range(n)]
 
 
 def bits(a: np.ndarray) -> np.ndarray:
