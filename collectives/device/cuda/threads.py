@@ -92,6 +92,14 @@ class ThreadComm:
             algo: str = "Ring", absent: tuple = ()) -> list[np.ndarray]:
         """Every rank's output (host numpy).  ``inputs``: each rank's send buffer (numpy, or device arrays on
         ``cuda``).  ``absent``: ranks whose kernel returns at once (the deadline test's peer that never posts)."""
+        launch = self.prepare(func, inputs, op, root, proto, algo, absent)
+        launch()
+        return launch.outputs()
+
+    def prepare(self, func: str, inputs: list, op: str = "sum", root: int = 0, proto: str = "Simple",
+                algo: str = "Ring", absent: tuple = ()) -> "Launch":
+        """Device buffers (outputs poisoned with 0xA5) and the launch arguments of one collective; calling the
+        result runs it (again: the timing loop of scripts/gpu_check.py)."""
         if func not in K.COLLS or proto not in K.PROTOS or algo not in K.ALGOS:
             raise ValueError(f"{func}/{algo}/{proto}: the GPU kernels run the five ring collectives and Tree "
                              f"AllReduce, protocols Simple and LL")
@@ -104,15 +112,12 @@ class ThreadComm:
         sched_count = count // n if func == "ReduceScatter" else count
         kdt = np.dtype(np.uint16) if kind_of(dtype) == "bf16" else dtype
         if func in ("AllGather", "Broadcast"):  # NCCL retypes these as int8: bytes
-            kdt, esize = np.dtype(np.uint8), 1
-        else:
-            esize = dtype.itemsize
+            kdt = np.dtype(np.uint8)
         inp = d.to_device(np.stack([x.reshape(-1).view(np.uint8) for x in host]).view(kdt))
-        poison = np.full((n, out_count * dtype.itemsize), 0xA5, np.uint8).view(kdt)
-        out = d.to_device(poison)
-        self.op_count += 1
+        out = d.to_device(np.full((n, out_count * dtype.itemsize), 0xA5, np.uint8).view(kdt))
+        launch = Launch(self, func, dtype, out)
         if sched_count == 0:
-            return [np.asarray(d.to_host(out[r])).view(dtype) for r in range(n)]
+            return launch
         t = enqueue.default_tuning(n, self.nch, self.buff)
         plan = enqueue.schedule_coll(t, func, sched_count, dtype.itemsize, algo, proto)
         work = np.array([[w.part_offset, w.part_count, w.chunk_count, w.count] for w in plan.works], np.int64)
@@ -125,46 +130,40 @@ class ThreadComm:
         prm = np.array([K.COLLS[func], K.PROTOS[proto], n, root, int(timeout_s() * 1e9), nthreads, 0, nch,
                         K.ALGOS[algo], spc, sps, split, sum(1 << r for r in absent)], np.int64)
         redop = RedOp(op, np.dtype(dtype), n)
-        scal = np.array([redop.premul if redop.premul is not None else 0]).astype(dtype).view(kdt) \
-            if func not in ("AllGather", "Broadcast") else np.zeros(1, kdt)
-        stage_t = self.stage.view(kdt)
-        stage_u = self.stage.view(np.uint32)
-        fifo_s = self.fifo_s.view(kdt)
+        scal = np.zeros(1, kdt)
+        if func not in ("AllGather", "Broadcast") and redop.premul is not None:
+            scal = np.array([redop.premul]).astype(dtype).view(kdt)
         kern = K.get_kernel(op, kind_of(dtype) if kdt != np.uint8 else "int")
-        self.abort[:] = 0
-        self.bars[:] = 0
-        args = [d.to_device(work), self.ring_t, self.tree_t, inp, out, fifo_s, self.fifo_ll, stage_t, stage_u,
-                self.ctrl, self.steps, self.conns, self.bars, self.abort, d.to_device(scal)]
-        if d.name == "cudasim":
-            kern[1, n * nch * nthreads](d.to_device(prm), *args)
-        else:  # pragma: no cover - needs a GPU
-            self._launch_threads(kern, prm, args, nch, nthreads)
-        abort = np.asarray(d.to_host(self.abort))
-        if abort[0]:
-            raise CollectiveError(self._abort_line(func, abort))
-        outs = np.asarray(d.to_host(out))
-        return [outs[r].view(dtype) for r in range(n)]
+        launch.kernel, launch.prm, launch.nch, launch.nthreads = kern, prm, nch, nthreads
+        launch.args = [d.to_device(work), self.ring_t, self.tree_t, inp, out, self.fifo_s.view(kdt), self.fifo_ll,
+                       self.stage.view(kdt), self.stage.view(np.uint32), self.ctrl, self.steps, self.conns,
+                       self.bars, self.abort, d.to_device(scal)]
+        return launch
 
-    def _launch_threads(self, kern, prm, args, nch: int, nthreads: int) -> None:  # pragma: no cover - GPU
-        """One host thread per rank, each launching its rank's kernel on its own stream."""
+    def _launch_threads(self, launch: "Launch") -> None:  # pragma: no cover - needs a GPU
+        """One host thread per rank, each launching its rank's kernel on its own stream (made once per prepared
+        collective, so a timing loop measures the kernels, not the setup)."""
         from numba import cuda
-        errors = []
         d = self.dev
-        # per-rank views of the per-rank arrays: inputs, outputs, staging, barriers (index 0 = this rank)
-        per_rank = {3, 4, 7, 8, 12}
+        if launch.per_rank is None:
+            local = {3, 4, 7, 8, 12}  # inputs, outputs, staging (2 views), barriers: row 0 is the rank's own
+            launch.per_rank = []
+            for r in range(self.n):
+                stream = d.stream()
+                p = launch.prm.copy()
+                p[K.RANK_LO] = r
+                args = [x[r:r + 1] if i in local else x for i, x in enumerate(launch.args)]
+                args = [cuda.as_cuda_array(x, sync=False) for x in [d.to_device(p), *args]]
+                launch.per_rank.append((stream, cuda.external_stream(stream.raw.ptr), args))
+        errors = []
 
         def one(r: int) -> None:
+            stream, nstream, args = launch.per_rank[r]
             try:
-                stream = d.stream()
-                p = prm.copy()
-                p[K.RANK_LO] = r
-                a = [x[r:r + 1] if i in per_rank else x for i, x in enumerate(args)]
-                a = [cuda.as_cuda_array(x, sync=False) for x in a]
-                kern[nch, nthreads, cuda.external_stream(stream.raw.ptr)](
-                    cuda.as_cuda_array(d.to_device(p), sync=False), *a)
+                launch.kernel[launch.nch, launch.nthreads, nstream](*args)
                 stream.synchronize()
             except Exception as exc:  # reported after every thread has joined
-                errors.append(f"rank {r}: {exc}")
+                errors.append(f"rank {r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
 
         threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(self.n)]
         for th in threads:
@@ -182,3 +181,31 @@ class ThreadComm:
                 f"{WHAT_NAMES[what]} from rank {peer} (recv)")
         return (f"rank {rank}: {func} (opCount {self.op_count - 1}) made no progress for {timeout_s():g} s "
                 f"(NCCLLAB_TIMEOUT): channel {ch}{GROUP_NAMES.get(group, '')} step {step} waiting for {side}")
+
+
+class Launch:
+    """One prepared collective: ``launch()`` runs it on every rank; ``outputs()`` copies the results back."""
+
+    def __init__(self, comm: ThreadComm, func: str, dtype, out):
+        self.comm, self.func, self.dtype, self.out = comm, func, dtype, out
+        self.kernel = None
+        self.per_rank = None  # cuda: each rank's stream and kernel arguments, made at the first launch
+
+    def __call__(self) -> None:
+        c = self.comm
+        c.op_count += 1
+        if self.kernel is None:  # count 0: nothing to do, as in NCCL
+            return
+        c.abort[:] = 0
+        c.bars[:] = 0
+        if c.dev.name == "cudasim":
+            self.kernel[1, c.n * self.nch * self.nthreads](c.dev.to_device(self.prm), *self.args)
+        else:  # pragma: no cover - needs a GPU
+            c._launch_threads(self)
+        abort = np.asarray(c.dev.to_host(c.abort))
+        if abort[0]:
+            raise CollectiveError(c._abort_line(self.func, abort))
+
+    def outputs(self) -> list[np.ndarray]:
+        outs = np.asarray(self.comm.dev.to_host(self.out))
+        return [outs[r].view(self.dtype) for r in range(self.comm.n)]
