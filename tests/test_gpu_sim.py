@@ -130,3 +130,13 @@ def test_device_selection():
         assert get_device().name == "cudasim"
     finally:
         del os.environ["NCCLLAB_DEVICE"]
+
+
+def test_reference_follows_the_nccl_version_of_the_split():
+    """NCCL 2.28's scheduleCollTasksToPlan: MinTrafficPerChannel 16 KiB, traffic per channel max(16 KiB,
+    traffic / nChannels).  2 ranks, 4 channels, 16952 floats: 2 usable channels, 67808 B each; 2.28 cuts 8 KiB
+    cells (2048 floats), 5 to the first channel; 2.30 cuts 16 KiB cells, 3 to the first."""
+    assert reference.channel_parts("AllReduce", 16952, 4, 2, 4, "Simple") == [(0, 12288, 524288),
+                                                                               (12288, 4664, 524288)]
+    assert reference.channel_parts("AllReduce", 16952, 4, 2, 4, "Simple", nccl_version=(2, 28)) == [
+        (0, 10240, 524288), (10240, 6712, 524288)]
