@@ -155,6 +155,7 @@ class ThreadComm:
                 args = [x[r:r + 1] if i in local else x for i, x in enumerate(launch.args)]
                 args = [cuda.as_cuda_array(x, sync=False) for x in [d.to_device(p), *args]]
                 launch.per_rank.append((stream, cuda.external_stream(stream.raw.ptr), args))
+            d.synchronize()  # the parameter copies above, before any rank's stream uses them
         errors = []
 
         def one(r: int) -> None:
@@ -198,6 +199,7 @@ class Launch:
             return
         c.abort[:] = 0
         c.bars[:] = 0
+        c.dev.synchronize()  # the resets ran on the default stream; the ranks' streams do not wait for it
         if c.dev.name == "cudasim":
             self.kernel[1, c.n * self.nch * self.nthreads](c.dev.to_device(self.prm), *self.args)
         else:  # pragma: no cover - needs a GPU
