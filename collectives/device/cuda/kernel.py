@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from .api import cuda
-from .prims import P_WORDS, div_up, prims_finish, prims_init
+from .clock import SIMULATED
+from .prims import P_WORDS, div_up, imin, prims_finish, prims_init
 from .prims_ll import make_ll_op
 from .prims_simple import make_simple_op
 from .reduce import make_ops
@@ -30,6 +31,10 @@ ALGOS = {"Ring": 0, "Tree": 1}
 # tree[rank, channel]: [up, down0..2, conn from up, conn to up, conns from down0..2, conns to down0..2]
 T_UP, T_DOWN, T_FROM_UP, T_TO_UP, T_FROM_DOWN, T_TO_DOWN = 0, 1, 4, 5, 6, 9
 TREE_WORDS = 12
+
+# 640 threads (NCCL's maximum) x 96 registers fit a block's 64 K registers; unbounded, numba's kernel uses ~133
+# (ptxas, sm_90), and a launch of more than 480 threads would fail.
+MAX_REGISTERS = 96
 
 _cache: dict = {}
 
@@ -69,25 +74,25 @@ def _make_kernel(fn, premul, postdiv):
                 chunk_count = div_up(div_up(rem, n), align) * align
             base = grid_offset + elem_offset
             c = (ring_ix + n - 1) % n                                   # step 0: push to next
-            if not prim(P, A, prm, base + c * chunk_count, -1, min(chunk_count, rem - c * chunk_count),
+            if not prim(P, A, prm, base + c * chunk_count, -1, imin(chunk_count, rem - c * chunk_count),
                         False, True, False, False):
                 return False
             for j in range(2, n):                                       # reduce-and-forward
                 c = (ring_ix + n - j) % n
-                if not prim(P, A, prm, base + c * chunk_count, -1, min(chunk_count, rem - c * chunk_count),
+                if not prim(P, A, prm, base + c * chunk_count, -1, imin(chunk_count, rem - c * chunk_count),
                             True, True, False, False):
                     return False
             c = ring_ix                                                 # our chunk is final
             if not prim(P, A, prm, base + c * chunk_count, base + c * chunk_count,
-                        min(chunk_count, rem - c * chunk_count), True, True, True, False):
+                        imin(chunk_count, rem - c * chunk_count), True, True, True, False):
                 return False
             for j in range(1, n - 1):                                   # copy-and-forward
                 c = (ring_ix + n - j) % n
-                if not prim(P, A, prm, -1, base + c * chunk_count, min(chunk_count, rem - c * chunk_count),
+                if not prim(P, A, prm, -1, base + c * chunk_count, imin(chunk_count, rem - c * chunk_count),
                             True, True, False, False):
                     return False
             c = (ring_ix + 1) % n                                       # final copy into the output
-            if not prim(P, A, prm, -1, base + c * chunk_count, min(chunk_count, rem - c * chunk_count),
+            if not prim(P, A, prm, -1, base + c * chunk_count, imin(chunk_count, rem - c * chunk_count),
                         True, False, False, False):
                 return False
             elem_offset += loop_count
@@ -98,7 +103,7 @@ def _make_kernel(fn, premul, postdiv):
         n = prm[NRANKS]
         count, elem_offset = work[ch, 3], 0
         while elem_offset < work[ch, 1]:
-            nelem = min(work[ch, 2], work[ch, 1] - elem_offset)
+            nelem = imin(work[ch, 2], work[ch, 1] - elem_offset)
             data_offset = work[ch, 0] + elem_offset
             if not prim(P, A, prm, data_offset, data_offset + ring[rank, ch, 3] * count, nelem,
                         False, True, False, False):
@@ -118,7 +123,7 @@ def _make_kernel(fn, premul, postdiv):
         n = prm[NRANKS]
         count, elem_offset = work[ch, 3], 0
         while elem_offset < work[ch, 1]:
-            nelem = min(work[ch, 2], work[ch, 1] - elem_offset)
+            nelem = imin(work[ch, 2], work[ch, 1] - elem_offset)
             data_offset = work[ch, 0] + elem_offset
             if not prim(P, A, prm, data_offset + ring[rank, ch, 3 + n - 1] * count, -1, nelem,
                         False, True, False, False):
@@ -140,7 +145,7 @@ def _make_kernel(fn, premul, postdiv):
         elem_offset = 0
         while elem_offset < work[ch, 1]:
             offset = work[ch, 0] + elem_offset
-            nelem = min(work[ch, 2], work[ch, 1] - elem_offset)
+            nelem = imin(work[ch, 2], work[ch, 1] - elem_offset)
             if rank == root:
                 ok = prim(P, A, prm, offset, offset, nelem, False, True, False, False)
             elif next_rank == root:
@@ -159,7 +164,7 @@ def _make_kernel(fn, premul, postdiv):
         elem_offset = 0
         while elem_offset < work[ch, 1]:
             offset = work[ch, 0] + elem_offset
-            nelem = min(work[ch, 2], work[ch, 1] - elem_offset)
+            nelem = imin(work[ch, 2], work[ch, 1] - elem_offset)
             if prev_rank == root:
                 ok = prim(P, A, prm, offset, -1, nelem, False, True, False, False)
             elif rank == root:
@@ -197,7 +202,7 @@ def _make_kernel(fn, premul, postdiv):
         off, end, cc = work[ch, 0], work[ch, 0] + work[ch, 1], work[ch, 2]
         ok = True
         while off < end and ok:
-            nelem = min(cc, end - off)
+            nelem = imin(cc, end - off)
             if group == 0:                          # root: reduce the children, send the result back down
                 ok = prim(P, A, prm, off, off, nelem, True, True, True, False)
             elif group == 1:
@@ -214,7 +219,7 @@ def _make_kernel(fn, premul, postdiv):
         if ok:
             prims_finish(P, steps)
 
-    @cuda.jit
+    @cuda.jit(**({} if SIMULATED else {"max_registers": MAX_REGISTERS}))
     def kernel(prm, work, ring, tree, inp, out, fifo_s, fifo_ll, stage_t, stage_u, ctrl, steps, conns, bars,
                abort, scal):
         nth, nch = prm[NTHREADS], prm[NCHANNELS]

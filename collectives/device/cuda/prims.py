@@ -27,6 +27,16 @@ def div_up(a, b):
 
 
 @cuda.jit(device=True)
+def imin(a, b):  # the builtin min/max overloads do not compile for CUDA in numba 0.68
+    return a if a < b else b
+
+
+@cuda.jit(device=True)
+def imax(a, b):
+    return a if a > b else b
+
+
+@cuda.jit(device=True)
 def prims_init(P, r0, r1, r2, s0, s1, s2, steps, ctrl, spc, sps, group, gtid, gthreads, channel, rank, rl,
                post_skipped):
     """Load the connections (-1: absent peer), round each step up to ``spc * sps`` (Simple's ``roundUp``) and,

@@ -19,7 +19,7 @@ from .api import cuda
 from collectives.param import NCCL_STEPS
 from collectives.device.prims_ll import LL_CLEAN_MASK, LL_FLAG_MOD
 
-from .prims import CHANNEL, GROUP, GTHREADS, GTID, HEAD, NRECV, NSEND, RANK, RECV, RL, RSTEP, SEND, SSTEP
+from .prims import CHANNEL, GROUP, GTHREADS, GTID, HEAD, NRECV, NSEND, RANK, RECV, RL, RSTEP, SEND, SSTEP, imin
 from .sync import WHAT_HEAD, WHAT_LL_FLAG, aborted, group_sync, load, publish, set_abort, timed_out, wait_ge
 from .clock import now_ns, pause
 
@@ -94,7 +94,7 @@ def make_ll_op(fn, premul, postdiv):
                 stage_u[rl, ch, grp, SEND_SLOT, w] = 0
                 stage_u[rl, ch, grp, SEND_SLOT, w + 1] = 0
             e = line * per_line
-            e_end = min(e + per_line, nelem)
+            e_end = imin(e + per_line, nelem)
             while e < e_end:
                 k = 0
                 if has_src:

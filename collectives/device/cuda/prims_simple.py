@@ -14,7 +14,7 @@ from .api import cuda
 from collectives.param import NCCL_STEPS
 
 from .prims import (CHANNEL, GROUP, GTHREADS, GTID, HEAD, NRECV, NSEND, RANK, RECV, RL, RSTEP, SEND, SPC, SPS,
-                    SSTEP, TAIL, div_up)
+                    SSTEP, TAIL, div_up, imax, imin)
 from .sync import WHAT_HEAD, WHAT_TAIL, group_sync, publish, wait_ge
 
 
@@ -30,12 +30,12 @@ def make_simple_op(fn, premul, postdiv):
         step_elems = fifo.shape[1] // NCCL_STEPS
         if nelem < 0:
             nelem = 0
-        slice_size = max(div_up(nelem, 16 * spc) * 16, step_elems * sps // 32)
+        slice_size = imax(div_up(nelem, 16 * spc) * 16, step_elems * sps // 32)
         has_src, has_dst = src_ix >= 0, dst_ix >= 0
         pre = has_src and not from_output
         offset = 0
         for _ in range(spc):
-            real = max(0, min(slice_size, nelem - offset))
+            real = imax(0, imin(slice_size, nelem - offset))
             ok = True
             i = gtid
             while i < nrecv:  # waitPeer: the recv peer has filled this slice
