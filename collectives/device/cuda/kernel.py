@@ -61,119 +61,81 @@ def _make_kernel(fn, premul, postdiv):
                          src_ix, dst_ix, nelem, recv, send, post_op, from_output)
 
     @cuda.jit(device=True)
-    def ring_all_reduce(P, A, prm, work, ring, rank, ch):
-        n = prm[NRANKS]
-        ring_ix = ring[rank, ch, 2]
-        grid_offset, channel_count, chunk_count = work[ch, 0], work[ch, 1], work[ch, 2]
-        align = 16 // A[1].itemsize
-        loop_count = n * chunk_count
-        elem_offset = 0
-        while elem_offset < channel_count:
-            rem = channel_count - elem_offset
-            if rem < loop_count:
-                chunk_count = div_up(div_up(rem, n), align) * align
-            base = grid_offset + elem_offset
-            c = (ring_ix + n - 1) % n                                   # step 0: push to next
-            if not prim(P, A, prm, base + c * chunk_count, -1, imin(chunk_count, rem - c * chunk_count),
-                        False, True, False, False):
-                return False
-            for j in range(2, n):                                       # reduce-and-forward
-                c = (ring_ix + n - j) % n
-                if not prim(P, A, prm, base + c * chunk_count, -1, imin(chunk_count, rem - c * chunk_count),
-                            True, True, False, False):
-                    return False
-            c = ring_ix                                                 # our chunk is final
-            if not prim(P, A, prm, base + c * chunk_count, base + c * chunk_count,
-                        imin(chunk_count, rem - c * chunk_count), True, True, True, False):
-                return False
-            for j in range(1, n - 1):                                   # copy-and-forward
-                c = (ring_ix + n - j) % n
-                if not prim(P, A, prm, -1, base + c * chunk_count, imin(chunk_count, rem - c * chunk_count),
-                            True, True, False, False):
-                    return False
-            c = (ring_ix + 1) % n                                       # final copy into the output
-            if not prim(P, A, prm, -1, base + c * chunk_count, imin(chunk_count, rem - c * chunk_count),
-                        True, False, False, False):
-                return False
-            elem_offset += loop_count
-        return True
-
-    @cuda.jit(device=True)
-    def ring_all_gather(P, A, prm, work, ring, rank, ch):
-        n = prm[NRANKS]
-        count, elem_offset = work[ch, 3], 0
-        while elem_offset < work[ch, 1]:
-            nelem = imin(work[ch, 2], work[ch, 1] - elem_offset)
-            data_offset = work[ch, 0] + elem_offset
-            if not prim(P, A, prm, data_offset, data_offset + ring[rank, ch, 3] * count, nelem,
-                        False, True, False, False):
-                return False
-            for j in range(1, n - 1):
-                if not prim(P, A, prm, -1, data_offset + ring[rank, ch, 3 + n - j] * count, nelem,
-                            True, True, False, False):
-                    return False
-            if not prim(P, A, prm, -1, data_offset + ring[rank, ch, 3 + 1] * count, nelem,
-                        True, False, False, False):
-                return False
-            elem_offset += work[ch, 2]
-        return True
-
-    @cuda.jit(device=True)
-    def ring_reduce_scatter(P, A, prm, work, ring, rank, ch):
-        n = prm[NRANKS]
-        count, elem_offset = work[ch, 3], 0
-        while elem_offset < work[ch, 1]:
-            nelem = imin(work[ch, 2], work[ch, 1] - elem_offset)
-            data_offset = work[ch, 0] + elem_offset
-            if not prim(P, A, prm, data_offset + ring[rank, ch, 3 + n - 1] * count, -1, nelem,
-                        False, True, False, False):
-                return False
-            for j in range(2, n):
-                if not prim(P, A, prm, data_offset + ring[rank, ch, 3 + n - j] * count, -1, nelem,
-                            True, True, False, False):
-                    return False
-            if not prim(P, A, prm, data_offset + ring[rank, ch, 3] * count, data_offset, nelem,
-                        True, False, True, False):
-                return False
-            elem_offset += work[ch, 2]
-        return True
-
-    @cuda.jit(device=True)
-    def ring_broadcast(P, A, prm, work, ring, rank, ch):
-        n, root = prm[NRANKS], prm[ROOT]
-        next_rank = ring[rank, ch, 3 + 1 % n]
-        elem_offset = 0
-        while elem_offset < work[ch, 1]:
-            offset = work[ch, 0] + elem_offset
-            nelem = imin(work[ch, 2], work[ch, 1] - elem_offset)
+    def ring_call(coll, k, n, ring_ix, ur, root, rank, base, cc, rem, count):
+        """The k-th primitive of one loop of ``runRing`` as (src, dst, nelem, recv, send, post_op): the CPU
+        algorithms (``collectives/device/*.py``) call for call, as a table, so that the kernel has one call site
+        of the primitives (each call site inlines both protocols: 21 of them made ptxas take minutes)."""
+        if coll == 4:  # AllReduce: send, n-2 recv_reduce_send, recv_reduce_copy_send, n-2 recv_copy_send, recv
+            if k == 0:
+                c = (ring_ix + n - 1) % n
+            elif k < n - 1:
+                c = (ring_ix + n - (k + 1)) % n
+            elif k == n - 1:
+                c = ring_ix
+            elif k < 2 * n - 2:
+                c = (ring_ix + n - (k - n + 1)) % n
+            else:
+                c = (ring_ix + 1) % n
+            off, nel = base + c * cc, imin(cc, rem - c * cc)
+            if k == 0:
+                return off, -1, nel, False, True, False
+            if k < n - 1:
+                return off, -1, nel, True, True, False
+            if k == n - 1:
+                return off, off, nel, True, True, True
+            if k < 2 * n - 2:
+                return -1, off, nel, True, True, False
+            return -1, off, nel, True, False, False
+        if coll == 2:  # AllGather: copy_send our block, n-2 recv_copy_send, recv
+            if k == 0:
+                return base, base + ur[0] * count, cc, False, True, False
+            if k < n - 1:
+                return -1, base + ur[n - k] * count, cc, True, True, False
+            return -1, base + ur[1] * count, cc, True, False, False
+        if coll == 3:  # ReduceScatter: send, n-2 recv_reduce_send, recv_reduce_copy into our output
+            if k == 0:
+                return base + ur[n - 1] * count, -1, cc, False, True, False
+            if k < n - 1:
+                return base + ur[n - (k + 1)] * count, -1, cc, True, True, False
+            return base + ur[0] * count, base, cc, True, False, True
+        if coll == 0:  # Broadcast: a pipeline from the root
             if rank == root:
-                ok = prim(P, A, prm, offset, offset, nelem, False, True, False, False)
-            elif next_rank == root:
-                ok = prim(P, A, prm, -1, offset, nelem, True, False, False, False)
-            else:
-                ok = prim(P, A, prm, -1, offset, nelem, True, True, False, False)
-            if not ok:
-                return False
-            elem_offset += work[ch, 2]
-        return True
+                return base, base, cc, False, True, False
+            if ur[1 % n] == root:
+                return -1, base, cc, True, False, False
+            return -1, base, cc, True, True, False
+        if ur[n - 1] == root:  # Reduce: a pipeline towards the root
+            return base, -1, cc, False, True, False
+        if rank == root:
+            return base, base, cc, True, False, True
+        return base, -1, cc, True, True, False
 
     @cuda.jit(device=True)
-    def ring_reduce(P, A, prm, work, ring, rank, ch):
-        n, root = prm[NRANKS], prm[ROOT]
-        prev_rank = ring[rank, ch, 3 + n - 1]
+    def run_ring(P, A, prm, work, ring, rank, ch):
+        """``runRing`` of every ring collective: loops over the channel's part; AllReduce's loop covers
+        ``nranks * chunkCount`` elements and shrinks its last chunk to ``alignUp(divUp(rem, n), 16 / size)``."""
+        n, coll, root = prm[NRANKS], prm[COLL], prm[ROOT]
+        ring_ix = ring[rank, ch, 2]
+        ur = ring[rank, ch, 3:]
+        part_offset, part_count, chunk_count, count = work[ch, 0], work[ch, 1], work[ch, 2], work[ch, 3]
+        align = 16 // A[1].itemsize
+        calls = 2 * n - 1 if coll == 4 else (n if coll == 2 or coll == 3 else 1)
+        stride = n * chunk_count if coll == 4 else chunk_count
         elem_offset = 0
-        while elem_offset < work[ch, 1]:
-            offset = work[ch, 0] + elem_offset
-            nelem = imin(work[ch, 2], work[ch, 1] - elem_offset)
-            if prev_rank == root:
-                ok = prim(P, A, prm, offset, -1, nelem, False, True, False, False)
-            elif rank == root:
-                ok = prim(P, A, prm, offset, offset, nelem, True, False, True, False)
+        while elem_offset < part_count:
+            rem = part_count - elem_offset
+            cc = chunk_count
+            if coll == 4:
+                if rem < stride:
+                    cc = div_up(div_up(rem, n), align) * align
             else:
-                ok = prim(P, A, prm, offset, -1, nelem, True, True, False, False)
-            if not ok:
-                return False
-            elem_offset += work[ch, 2]
+                cc = imin(chunk_count, rem)
+            for k in range(calls):
+                src, dst, nel, rv, sd, post = ring_call(coll, k, n, ring_ix, ur, root, rank,
+                                                        part_offset + elem_offset, cc, rem, count)
+                if not prim(P, A, prm, src, dst, nel, rv, sd, post, False):
+                    return False
+            elem_offset += stride
         return True
 
     @cuda.jit(device=True)
@@ -200,21 +162,15 @@ def _make_kernel(fn, premul, postdiv):
                        tree[rank, ch, T_TO_DOWN + 1], tree[rank, ch, T_TO_DOWN + 2], steps, ctrl, 1, 1,
                        group, gtid, gth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0)
         off, end, cc = work[ch, 0], work[ch, 0] + work[ch, 1], work[ch, 2]
+        # root: recv_reduce_copy_send; reduce group: send (leaf) or recv_reduce_send; broadcast group: recv (leaf)
+        # or recv_copy_send
+        has_src = group < 2
+        recv = group != 1 or not leaf
+        send = group != 2 or not leaf
         ok = True
         while off < end and ok:
-            nelem = imin(cc, end - off)
-            if group == 0:                          # root: reduce the children, send the result back down
-                ok = prim(P, A, prm, off, off, nelem, True, True, True, False)
-            elif group == 1:
-                if leaf:
-                    ok = prim(P, A, prm, off, -1, nelem, False, True, False, False)
-                else:
-                    ok = prim(P, A, prm, off, -1, nelem, True, True, False, False)
-            else:
-                if leaf:
-                    ok = prim(P, A, prm, -1, off, nelem, True, False, False, False)
-                else:
-                    ok = prim(P, A, prm, -1, off, nelem, True, True, False, False)
+            ok = prim(P, A, prm, off if has_src else -1, off if group != 1 else -1, imin(cc, end - off), recv, send,
+                      group == 0, False)
             off += cc
         if ok:
             prims_finish(P, steps)
@@ -239,17 +195,7 @@ def _make_kernel(fn, premul, postdiv):
             return
         prims_init(P, ring[rank, ch, 0], -1, -1, ring[rank, ch, 1], -1, -1, steps, ctrl, prm[SPC], prm[SPS], 0,
                    tid, nth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0)
-        coll = prm[COLL]
-        if coll == 4:
-            ok = ring_all_reduce(P, A, prm, work, ring, rank, ch)
-        elif coll == 3:
-            ok = ring_reduce_scatter(P, A, prm, work, ring, rank, ch)
-        elif coll == 2:
-            ok = ring_all_gather(P, A, prm, work, ring, rank, ch)
-        elif coll == 0:
-            ok = ring_broadcast(P, A, prm, work, ring, rank, ch)
-        else:
-            ok = ring_reduce(P, A, prm, work, ring, rank, ch)
+        ok = run_ring(P, A, prm, work, ring, rank, ch)
         if ok:
             prims_finish(P, steps)
 
