@@ -12,7 +12,7 @@ from __future__ import annotations
 from numba import cuda as _numba_cuda
 from numba.core import config
 
-if config.ENABLE_CUDASIM:
+if getattr(config, "ENABLE_CUDASIM", 0) or _numba_cuda.jit.__module__.startswith("numba.cuda.simulator"):
     from numba.cuda.simulator.kernel import _get_kernel_context
 
     class _LaunchCuda:

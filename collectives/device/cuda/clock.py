@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 
-from .api import cuda
+from numba import cuda
 from numba.core import config
 
-SIMULATED = bool(config.ENABLE_CUDASIM)
+# numba's own CUDA target and the numba-cuda package both put the simulator's jit in place of the real one
+SIMULATED = bool(getattr(config, "ENABLE_CUDASIM", 0)) or cuda.jit.__module__.startswith("numba.cuda.simulator")
 
 if SIMULATED:
     def now_ns() -> int:
@@ -23,7 +24,10 @@ if SIMULATED:
 else:  # pragma: no cover - needs a GPU
     from llvmlite import ir
     from numba import types
-    from numba.core.extending import intrinsic
+    try:
+        from numba.cuda.extending import intrinsic  # the numba-cuda package
+    except ImportError:
+        from numba.core.extending import intrinsic
 
     @intrinsic
     def _globaltimer(typingctx):

@@ -32,8 +32,8 @@ ALGOS = {"Ring": 0, "Tree": 1}
 T_UP, T_DOWN, T_FROM_UP, T_TO_UP, T_FROM_DOWN, T_TO_DOWN = 0, 1, 4, 5, 6, 9
 TREE_WORDS = 12
 
-# 640 threads (NCCL's maximum) x 96 registers fit a block's 64 K registers; unbounded, numba's kernel uses ~133
-# (ptxas, sm_90), and a launch of more than 480 threads would fail.
+# 640 threads (NCCL's maximum) x 96 registers fit a block's 64 K registers; unbounded, numba's kernel uses ~160
+# (ptxas, sm_90), and a launch of more than 384 threads would fail.
 MAX_REGISTERS = 96
 
 _cache: dict = {}
