@@ -102,10 +102,14 @@ class CudaDevice(Device):
         return self.cp.zeros(shape, dtype)
 
     def to_device(self, host):
+        """numpy (copied up), or any device array: ``__cuda_array_interface__`` (cupy, numba, torch) or DLPack,
+        taken without a copy."""
+        if not hasattr(host, "__cuda_array_interface__") and hasattr(host, "__dlpack__"):
+            return self.cp.from_dlpack(host)
         return self.cp.asarray(host)
 
     def to_host(self, arr):
-        return self.cp.asnumpy(arr)
+        return arr if isinstance(arr, np.ndarray) else self.cp.asnumpy(self.to_device(arr))
 
     def stream(self) -> Stream:
         return Stream(self.cp.cuda.Stream(non_blocking=True))
