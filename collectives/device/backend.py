@@ -104,7 +104,8 @@ class CudaDevice(Device):
     def to_device(self, host):
         """numpy (copied up), or any device array: ``__cuda_array_interface__`` (cupy, numba, torch) or DLPack,
         taken without a copy."""
-        if not hasattr(host, "__cuda_array_interface__") and hasattr(host, "__dlpack__"):
+        if not isinstance(host, np.ndarray) and not hasattr(host, "__cuda_array_interface__") \
+                and hasattr(host, "__dlpack__"):
             return self.cp.from_dlpack(host)
         return self.cp.asarray(host)
 
