@@ -8,7 +8,8 @@
   of a step is visible to the peer before the counter that announces it.
 * ``group_sync``: a barrier of one thread group.  NCCL uses named barriers (``bar.sync id, nthreads``) so that the
   two halves of ``runTreeSplit`` synchronise apart; numba has only ``syncthreads`` (the whole block), so we count
-  arrivals with atomics and a generation word.
+  arrivals with atomics and a generation word; a fence before arriving and after leaving makes it a
+  release/acquire pair, so the data a group's poller saw announced is what its other threads then read.
 * ``wait_ge``: a spin with a deadline.  Every spin also watches the abort word shared by all ranks of the launch;
   the first spin that runs out writes ``[1, rank, channel, step, peer, what, group]`` there and everyone returns.
 """
@@ -93,4 +94,5 @@ def group_sync(bars, rl, channel, group, nthreads, abort):
         if aborted(abort):
             return False
         pause()
+    cuda.threadfence()  # acquire: the plain loads after the barrier (a FIFO slot) must not see stale L1 lines
     return True
