@@ -256,7 +256,8 @@ def bitwise_matrix(dev, small: bool) -> dict:
         rng = np.random.default_rng(n)
         for func, algo in [(f, "Ring") for f in RING_FUNCS] + [("AllReduce", "Tree")]:
             for proto in ("Simple", "LL"):
-                dtypes = [np.float32] + ([np.float16, ml_dtypes.bfloat16] if func == "AllReduce" else [])
+                halves = [np.float16, ml_dtypes.bfloat16] if func == "AllReduce" and not small else []
+                dtypes = [np.float32] + halves
                 for dtype in dtypes:
                     wrong, elems = 0, 0
                     t0 = time.monotonic()
