@@ -114,9 +114,11 @@ def config_from_env(nranks: int, search_channels: int = 1, rings: list[list[int]
 
 def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, proto: str = "Simple",
                   buffsize: int | None = None, algo: str = "Ring", nnodes: int = 1, threads: int | None = None,
-                  search_channels: int | None = None) -> list[tuple[int, int, int]]:
+                  search_channels: int | None = None, nccl_version: tuple = (2, 30)) -> list[tuple[int, int, int]]:
     """[(start, length, chunkCount)] per channel, in elements of size ``elt``.  ``threads``: the protocol's thread
-    count, else derived (``search_channels`` given: NCCL's rule for this ring; not given: the maxima)."""
+    count, else derived (``search_channels`` given: NCCL's rule for this ring; not given: the maxima).
+    ``nccl_version`` before 2.29: 2.28's split (``MinTrafficPerChannel`` 16 KiB, and the traffic per channel is
+    ``max(16 KiB, traffic / nChannels)`` without the 16-byte rounding); the rest is checked equal in both."""
     if count == 0:
         return []
     per_byte = {"AllReduce": 2, "AllGather": nranks, "ReduceScatter": nranks}.get(func, 1)
@@ -128,8 +130,12 @@ def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, 
         usable -= 1
     if proto == "LL":
         per_byte *= 4
-    budget = _ceil(max(32768, count * elt * per_byte) // usable, 16) * 16
-    cell = _ceil(_ceil(32768, per_byte), 16) * 16
+    if tuple(nccl_version) < (2, 29):
+        budget = max(16384, max(16384, count * elt * per_byte) // usable)
+        cell = _ceil(_ceil(16384, per_byte), 16) * 16
+    else:
+        budget = _ceil(max(32768, count * elt * per_byte) // usable, 16) * 16
+        cell = _ceil(_ceil(32768, per_byte), 16) * 16
     per_cell = cell // elt
     ncells = _ceil(count * elt, cell)
     cells_each = min(ncells, _ceil(budget, cell * per_byte))
@@ -211,8 +217,10 @@ def _tree_sum(inputs, tree: dict, v: int, sl: slice, op: str, n: int) -> np.ndar
 
 def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[int]] | None = None,
                nchannels: int = 1, proto: str = "Simple", buffsize: int | None = None, algo: str = "Ring",
-               trees: list[dict] | None = None, search_channels: int | None = None) -> np.ndarray:
-    """``trees`` (Tree only): per channel ``{rank: (up, [down...])}``; ``search_channels``: see ``channel_parts``."""
+               trees: list[dict] | None = None, search_channels: int | None = None,
+               nccl_version: tuple = (2, 30)) -> np.ndarray:
+    """``trees`` (Tree only): per channel ``{rank: (up, [down...])}``; ``search_channels``, ``nccl_version``: see
+    ``channel_parts``."""
     n = len(inputs)
     x0 = np.asarray(inputs[0])
     out = np.empty_like(x0)
@@ -221,7 +229,8 @@ def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[i
     if algo == "Tree":
         for c, (start, length, _) in enumerate(channel_parts("AllReduce", x0.size, x0.itemsize, n, nchannels,
                                                             proto, buffsize, "Tree",
-                                                            search_channels=search_channels)):
+                                                            search_channels=search_channels,
+                                                            nccl_version=nccl_version)):
             tree = {int(r): v for r, v in trees[c].items()}
             root = next(r for r, (up, _) in tree.items() if up == -1)
             sl = slice(start, start + length)
@@ -229,7 +238,8 @@ def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[i
         return out
     rings = rings or [list(range(n))]
     for c, (start, length, chunk) in enumerate(channel_parts("AllReduce", x0.size, x0.itemsize, n, nchannels,
-                                                            proto, buffsize, search_channels=search_channels)):
+                                                            proto, buffsize, search_channels=search_channels,
+                                                            nccl_version=nccl_version)):
         pos = _positions(rings[c % len(rings)])
         loop = n * chunk
         for lo in range(0, length, loop):

@@ -1,0 +1,202 @@
+"""The persistent kernel (NCCL ``src/device/common.h``: ``ncclKernelMain``; ``src/device/all_reduce.h``,
+``all_gather.h``, ``reduce_scatter.h``, ``broadcast.h``, ``reduce.h``: ``runRing``; ``all_reduce.h``:
+``runTreeSplit``).  The algorithms are ``collectives/device/*.py``'s, call for call.
+
+One launch runs one collective: block ``c`` is channel ``c``, its threads share every copy and reduce.  A launch
+may also carry several ranks (``prm[RANK_LO]`` onwards), a flat thread index ``v`` giving (rank, channel, thread):
+under numba's simulator, which runs one launch at a time, the thread harness puts all ranks in one launch so
+their threads spin side by side; on a GPU each rank launches its own kernel on its own stream.
+``runTreeSplit``: the root's threads form one group; on any other rank the first ``split`` threads reduce up the
+tree and the rest broadcast down it, each group with its own barrier (NCCL: 384/256 Simple, 448/192 LL).
+Every primitive returns False once the launch aborted; the algorithm then returns at once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .api import cuda
+from .clock import SIMULATED
+from .prims import P_WORDS, div_up, imin, prims_finish, prims_init
+from .prims_ll import make_ll_op
+from .prims_simple import make_simple_op
+from .reduce import make_ops
+
+# prm[]: the launch's parameters
+COLL, PROTO, NRANKS, ROOT, TIMEOUT, NTHREADS, RANK_LO, NCHANNELS, ALGO, SPC, SPS, SPLIT, ABSENT = range(13)
+PRM_WORDS = 13
+COLLS = {"Broadcast": 0, "Reduce": 1, "AllGather": 2, "ReduceScatter": 3, "AllReduce": 4}
+PROTOS = {"Simple": 0, "LL": 1}
+ALGOS = {"Ring": 0, "Tree": 1}
+# ring[rank, channel]: [recv conn, send conn, ring index, userRanks...]
+# tree[rank, channel]: [up, down0..2, conn from up, conn to up, conns from down0..2, conns to down0..2]
+T_UP, T_DOWN, T_FROM_UP, T_TO_UP, T_FROM_DOWN, T_TO_DOWN = 0, 1, 4, 5, 6, 9
+TREE_WORDS = 12
+
+# 640 threads (NCCL's maximum) x 96 registers fit a block's 64 K registers; unbounded, numba's kernel uses ~160
+# (ptxas, sm_90), and a launch of more than 384 threads would fail.
+MAX_REGISTERS = 96
+
+_cache: dict = {}
+
+
+def get_kernel(op: str, kind: str):
+    """The kernel for one reduction op and element kind (compiled once; numba specialises it per dtype)."""
+    key = (op, kind)
+    if key not in _cache:
+        _cache[key] = _make_kernel(*make_ops(op, kind))
+    return _cache[key]
+
+
+def _make_kernel(fn, premul, postdiv):
+    simple_op = make_simple_op(fn, premul, postdiv)
+    ll_op = make_ll_op(fn, premul, postdiv)
+
+    @cuda.jit(device=True)
+    def prim(P, A, prm, src_ix, dst_ix, nelem, recv, send, post_op, from_output):
+        inp, out, fifo_s, fifo_ll, stage_t, stage_u, ctrl, conns, bars, abort, scal, steps = A
+        if prm[PROTO] == 1:
+            return ll_op(P, inp, out, fifo_ll, stage_t, stage_u, ctrl, conns, bars, abort, scal, prm[NRANKS],
+                         prm[TIMEOUT], src_ix, dst_ix, nelem, recv, send, post_op, from_output)
+        return simple_op(P, inp, out, fifo_s, ctrl, conns, bars, abort, scal, prm[NRANKS], prm[TIMEOUT],
+                         src_ix, dst_ix, nelem, recv, send, post_op, from_output)
+
+    @cuda.jit(device=True)
+    def ring_call(coll, k, n, ring_ix, ur, root, rank, base, cc, rem, count):
+        """The k-th primitive of one loop of ``runRing`` as (src, dst, nelem, recv, send, post_op): the CPU
+        algorithms (``collectives/device/*.py``) call for call, as a table, so that the kernel has one call site
+        of the primitives (each call site inlines both protocols: 21 of them made ptxas take minutes)."""
+        if coll == 4:  # AllReduce: send, n-2 recv_reduce_send, recv_reduce_copy_send, n-2 recv_copy_send, recv
+            if k == 0:
+                c = (ring_ix + n - 1) % n
+            elif k < n - 1:
+                c = (ring_ix + n - (k + 1)) % n
+            elif k == n - 1:
+                c = ring_ix
+            elif k < 2 * n - 2:
+                c = (ring_ix + n - (k - n + 1)) % n
+            else:
+                c = (ring_ix + 1) % n
+            off, nel = base + c * cc, imin(cc, rem - c * cc)
+            if k == 0:
+                return off, -1, nel, False, True, False
+            if k < n - 1:
+                return off, -1, nel, True, True, False
+            if k == n - 1:
+                return off, off, nel, True, True, True
+            if k < 2 * n - 2:
+                return -1, off, nel, True, True, False
+            return -1, off, nel, True, False, False
+        if coll == 2:  # AllGather: copy_send our block, n-2 recv_copy_send, recv
+            if k == 0:
+                return base, base + ur[0] * count, cc, False, True, False
+            if k < n - 1:
+                return -1, base + ur[n - k] * count, cc, True, True, False
+            return -1, base + ur[1] * count, cc, True, False, False
+        if coll == 3:  # ReduceScatter: send, n-2 recv_reduce_send, recv_reduce_copy into our output
+            if k == 0:
+                return base + ur[n - 1] * count, -1, cc, False, True, False
+            if k < n - 1:
+                return base + ur[n - (k + 1)] * count, -1, cc, True, True, False
+            return base + ur[0] * count, base, cc, True, False, True
+        if coll == 0:  # Broadcast: a pipeline from the root
+            if rank == root:
+                return base, base, cc, False, True, False
+            if ur[1 % n] == root:
+                return -1, base, cc, True, False, False
+            return -1, base, cc, True, True, False
+        if ur[n - 1] == root:  # Reduce: a pipeline towards the root
+            return base, -1, cc, False, True, False
+        if rank == root:
+            return base, base, cc, True, False, True
+        return base, -1, cc, True, True, False
+
+    @cuda.jit(device=True)
+    def run_ring(P, A, prm, work, ring, rank, ch):
+        """``runRing`` of every ring collective: loops over the channel's part; AllReduce's loop covers
+        ``nranks * chunkCount`` elements and shrinks its last chunk to ``alignUp(divUp(rem, n), 16 / size)``."""
+        n, coll, root = prm[NRANKS], prm[COLL], prm[ROOT]
+        ring_ix = ring[rank, ch, 2]
+        ur = ring[rank, ch, 3:]
+        part_offset, part_count, chunk_count, count = work[ch, 0], work[ch, 1], work[ch, 2], work[ch, 3]
+        align = 16 // A[1].itemsize
+        calls = 2 * n - 1 if coll == 4 else (n if coll == 2 or coll == 3 else 1)
+        stride = n * chunk_count if coll == 4 else chunk_count
+        elem_offset = 0
+        while elem_offset < part_count:
+            rem = part_count - elem_offset
+            cc = chunk_count
+            if coll == 4:
+                if rem < stride:
+                    cc = div_up(div_up(rem, n), align) * align
+            else:
+                cc = imin(chunk_count, rem)
+            for k in range(calls):
+                src, dst, nel, rv, sd, post = ring_call(coll, k, n, ring_ix, ur, root, rank,
+                                                        part_offset + elem_offset, cc, rem, count)
+                if not prim(P, A, prm, src, dst, nel, rv, sd, post, False):
+                    return False
+            elem_offset += stride
+        return True
+
+    @cuda.jit(device=True)
+    def tree_split(P, A, prm, work, tree, rank, ch, tid):
+        """``runTreeSplit``: build this thread's group's primitives and walk the channel's chunks."""
+        steps, ctrl = A[11], A[6]
+        nth = prm[NTHREADS]
+        is_root = tree[rank, ch, T_UP] < 0
+        leaf = tree[rank, ch, T_DOWN] < 0
+        if is_root:
+            group, gtid, gth = 0, tid, nth
+            prims_init(P, tree[rank, ch, T_FROM_DOWN], tree[rank, ch, T_FROM_DOWN + 1],
+                       tree[rank, ch, T_FROM_DOWN + 2], tree[rank, ch, T_TO_DOWN], tree[rank, ch, T_TO_DOWN + 1],
+                       tree[rank, ch, T_TO_DOWN + 2], steps, ctrl, 1, 1, group, gtid, gth, ch, rank,
+                       rank - prm[RANK_LO], prm[PROTO] == 0)
+        elif tid < prm[SPLIT]:
+            group, gtid, gth = 1, tid, prm[SPLIT]
+            prims_init(P, tree[rank, ch, T_FROM_DOWN], tree[rank, ch, T_FROM_DOWN + 1],
+                       tree[rank, ch, T_FROM_DOWN + 2], tree[rank, ch, T_TO_UP], -1, -1, steps, ctrl, 1, 1,
+                       group, gtid, gth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0)
+        else:
+            group, gtid, gth = 2, tid - prm[SPLIT], nth - prm[SPLIT]
+            prims_init(P, tree[rank, ch, T_FROM_UP], -1, -1, tree[rank, ch, T_TO_DOWN],
+                       tree[rank, ch, T_TO_DOWN + 1], tree[rank, ch, T_TO_DOWN + 2], steps, ctrl, 1, 1,
+                       group, gtid, gth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0)
+        off, end, cc = work[ch, 0], work[ch, 0] + work[ch, 1], work[ch, 2]
+        # root: recv_reduce_copy_send; reduce group: send (leaf) or recv_reduce_send; broadcast group: recv (leaf)
+        # or recv_copy_send
+        has_src = group < 2
+        recv = group != 1 or not leaf
+        send = group != 2 or not leaf
+        ok = True
+        while off < end and ok:
+            ok = prim(P, A, prm, off if has_src else -1, off if group != 1 else -1, imin(cc, end - off), recv, send,
+                      group == 0, False)
+            off += cc
+        if ok:
+            prims_finish(P, steps)
+
+    @cuda.jit(**({} if SIMULATED else {"max_registers": MAX_REGISTERS}))
+    def kernel(prm, work, ring, tree, inp, out, fifo_s, fifo_ll, stage_t, stage_u, ctrl, steps, conns, bars,
+               abort, scal):
+        nth, nch = prm[NTHREADS], prm[NCHANNELS]
+        v = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
+        per_rank = nch * nth
+        rank = prm[RANK_LO] + v // per_rank
+        ch = (v % per_rank) // nth
+        tid = v % nth
+        if (prm[ABSENT] >> rank) & 1:  # a rank that never runs (the deadline test)
+            return
+        A = (inp, out, fifo_s, fifo_ll, stage_t, stage_u, ctrl, conns, bars, abort, scal, steps)
+        P = cuda.local.array(P_WORDS, np.int64)
+        for i in range(P_WORDS):
+            P[i] = 0
+        if prm[ALGO] == 1:
+            tree_split(P, A, prm, work, tree, rank, ch, tid)
+            return
+        prims_init(P, ring[rank, ch, 0], -1, -1, ring[rank, ch, 1], -1, -1, steps, ctrl, prm[SPC], prm[SPS], 0,
+                   tid, nth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0)
+        ok = run_ring(P, A, prm, work, ring, rank, ch)
+        if ok:
+            prims_finish(P, steps)
+
+    return kernel

@@ -1,0 +1,80 @@
+"""A primitives object's state on the GPU (NCCL ``src/device/primitives.h``: ``class Primitives``'s constructor and
+destructor, ``loadRecvConn`` / ``loadSendConn``).
+
+numba kernels have no classes, so each thread keeps the object in a small local int64 array ``P``: its recv and
+send connections (up to 3 each, NCCL's ``Fan``), each connection's step, and where the thread sits in its group.
+Every thread of a group advances its own copy of the steps identically, so nothing of ``P`` is shared; thread 0
+of the group alone writes to memory others read (head at construction, the steps at the end).
+Connection memory: ``ctrl[c] = [head, tail]`` and ``steps[c] = [sender's step, receiver's step]`` for connection
+``c``; ``conns[c] = [sender rank, receiver rank]`` names the peer in a deadline message.
+"""
+from __future__ import annotations
+
+import numpy as np
+from .api import cuda
+
+from .sync import publish
+
+P_WORDS = 24
+NRECV, RECV, NSEND, SEND, RSTEP, SSTEP = 0, 1, 4, 5, 8, 11
+GROUP, GTID, GTHREADS, CHANNEL, RANK, RL, SPC, SPS = 14, 15, 16, 17, 18, 19, 20, 21
+HEAD, TAIL = 0, 1
+
+
+@cuda.jit(device=True)
+def div_up(a, b):
+    return (a + b - 1) // b
+
+
+@cuda.jit(device=True)
+def imin(a, b):  # the builtin min/max overloads do not compile for CUDA in numba 0.68
+    return a if a < b else b
+
+
+@cuda.jit(device=True)
+def imax(a, b):
+    return a if a > b else b
+
+
+@cuda.jit(device=True)
+def prims_init(P, r0, r1, r2, s0, s1, s2, steps, ctrl, spc, sps, group, gtid, gthreads, channel, rank, rl,
+               post_skipped):
+    """Load the connections (-1: absent peer), round each step up to ``spc * sps`` (Simple's ``roundUp``) and,
+    for Simple, return the skipped credit to the senders at once (head = the rounded step)."""
+    chunk = spc * sps
+    nr = 0
+    for c in (r0, r1, r2):
+        if c >= 0:
+            P[RECV + nr] = c
+            P[RSTEP + nr] = div_up(steps[c, 1], chunk) * chunk
+            nr += 1
+    ns = 0
+    for c in (s0, s1, s2):
+        if c >= 0:
+            P[SEND + ns] = c
+            P[SSTEP + ns] = div_up(steps[c, 0], chunk) * chunk
+            ns += 1
+    P[NRECV] = nr
+    P[NSEND] = ns
+    P[GROUP] = group
+    P[GTID] = gtid
+    P[GTHREADS] = gthreads
+    P[CHANNEL] = channel
+    P[RANK] = rank
+    P[RL] = rl
+    P[SPC] = spc
+    P[SPS] = sps
+    if post_skipped and gtid == 0:
+        for i in range(nr):
+            publish(ctrl, (P[RECV + i], HEAD), np.int64(P[RSTEP + i]))
+
+
+@cuda.jit(device=True)
+def prims_finish(P, steps):
+    """The destructor: save each connection's step for the next collective."""
+    if P[GTID] == 0:
+        for i in range(P[NRECV]):
+            steps[P[RECV + i], 1] = P[RSTEP + i]
+        for i in range(P[NSEND]):
+            steps[P[SEND + i], 0] = P[SSTEP + i]
+        cuda.threadfence_system()

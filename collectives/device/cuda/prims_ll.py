@@ -1,0 +1,144 @@
+"""The LL protocol on the GPU (NCCL ``src/device/prims_ll.h``: ``LLGenericOp``, ``readLL``, ``storeLL``, ``waitSend``,
+``postRecv``, ``incSend``), the same step and flag logic as ``collectives/device/prims_ll.py``.
+
+A 16-byte line is ``{data1, flag1, data2, flag2}``; here two 64-bit words ``data | flag << 32``, each written with
+one atomic exchange and read with one atomic load, so a half-line never tears (NCCL writes the line with one
+128-bit volatile store; a reader checks both flags either way, so the guarantee is the same).  Each thread of the
+group owns lines ``gtid, gtid + nthreads, ...``: it polls its lines from every recv peer until both flags equal
+``NCCL_LL_FLAG(step + 1)``, reduces their elements with the user's, and writes its lines to every send peer.
+The unpacked words go through a per-thread-line staging area (NCCL keeps them in registers): a line's data is
+8 bytes of any element type, and numba cannot reinterpret registers.
+No tail: the sender only waits for credit (``head + NCCL_STEPS > step``); the receiver returns it after a
+barrier (``postRecv``).  On a clean-mask step the sender fills the rest of the slot with ``{0, flag}``.
+"""
+from __future__ import annotations
+
+import numpy as np
+from .api import cuda
+
+from include.device import NCCL_STEPS
+from include.device import LL_CLEAN_MASK, LL_FLAG_MOD
+
+from .prims import CHANNEL, GROUP, GTHREADS, GTID, HEAD, NRECV, NSEND, RANK, RECV, RL, RSTEP, SEND, SSTEP, imin
+from .sync import WHAT_HEAD, WHAT_LL_FLAG, aborted, group_sync, load, publish, set_abort, timed_out, wait_ge
+from .clock import now_ns, pause
+
+LOW = np.uint64(0xFFFFFFFF)
+SHIFT = np.uint64(32)
+SEND_SLOT = 3  # staging slot of the packed send data; 0..2 are the recv peers'
+
+
+@cuda.jit(device=True)
+def ll_flag(step):
+    return np.uint64((step + 1) % LL_FLAG_MOD)
+
+
+@cuda.jit(device=True)
+def read_line(fifo, c, slot, w, flag, abort, timeout_ns, rank, channel, step, peer, group):
+    """``readLL``: both halves of line ``w // 2`` carry ``flag``; returns (ok, data1, data2)."""
+    a = load(fifo, (c, slot, w))
+    b = load(fifo, (c, slot, w + 1))
+    if (a >> SHIFT) == flag and (b >> SHIFT) == flag:
+        return True, a & LOW, b & LOW
+    t0 = now_ns()
+    while True:
+        a = load(fifo, (c, slot, w))
+        b = load(fifo, (c, slot, w + 1))
+        if (a >> SHIFT) == flag and (b >> SHIFT) == flag:
+            return True, a & LOW, b & LOW
+        if aborted(abort):
+            return False, a & LOW, b & LOW
+        if timed_out(t0, timeout_ns):
+            set_abort(abort, rank, channel, step, peer, WHAT_LL_FLAG, group)
+            return False, a & LOW, b & LOW
+        pause()
+
+
+def make_ll_op(fn, premul, postdiv):
+    @cuda.jit(device=True)
+    def ll_op(P, inp, out, fifo, stage_t, stage_u, ctrl, conns, bars, abort, scal, nranks, timeout_ns,
+              src_ix, dst_ix, nelem, recv, send, post_op, from_output):
+        """``LLGenericOp``: one step per call, even for nelem = 0; False on abort."""
+        gtid, gth, rl, ch, grp = P[GTID], P[GTHREADS], P[RL], P[CHANNEL], P[GROUP]
+        nrecv = P[NRECV] if recv else 0
+        nsend = P[NSEND] if send else 0
+        if nelem < 0:
+            nelem = 0
+        esize = out.itemsize
+        per_line = 8 // esize
+        nlines = (nelem * esize + 7) // 8
+        slot_lines = fifo.shape[2] // 2
+        has_src, has_dst = src_ix >= 0, dst_ix >= 0
+        pre = has_src and not from_output
+        ok = True
+        i = gtid
+        while i < nsend:  # waitSend: one step of credit
+            c = P[SEND + i]
+            ok = ok and wait_ge(ctrl, (c, HEAD), P[SSTEP + i] + 1 - NCCL_STEPS, abort, timeout_ns, P[RANK], ch,
+                                P[SSTEP + i], conns[c, 1], WHAT_HEAD, grp)
+            i += gth
+        if not group_sync(bars, rl, ch, grp, gth, abort) or not ok:
+            return False
+        line = gtid
+        while line < nlines:
+            w = 2 * line
+            for j in range(nrecv):
+                c, step = P[RECV + j], P[RSTEP + j]
+                good, d1, d2 = read_line(fifo, c, step % NCCL_STEPS, w, ll_flag(step), abort, timeout_ns,
+                                         P[RANK], ch, step, conns[c, 0], grp)
+                if not good:
+                    return False
+                stage_u[rl, ch, grp, j, w] = np.uint32(d1)
+                stage_u[rl, ch, grp, j, w + 1] = np.uint32(d2)
+            if nsend:  # zero the padding of a partial last line
+                stage_u[rl, ch, grp, SEND_SLOT, w] = 0
+                stage_u[rl, ch, grp, SEND_SLOT, w + 1] = 0
+            e = line * per_line
+            e_end = imin(e + per_line, nelem)
+            while e < e_end:
+                k = 0
+                if has_src:
+                    if from_output:
+                        v = out[rl, src_ix + e]
+                    else:
+                        v = inp[rl, src_ix + e]
+                    if pre:
+                        v = premul(v, scal[0])
+                else:
+                    v = stage_t[rl, ch, grp, 0, e]
+                    k = 1
+                for j in range(k, nrecv):
+                    v = fn(v, stage_t[rl, ch, grp, j, e])
+                if post_op:
+                    v = postdiv(v, nranks)
+                if has_dst:
+                    out[rl, dst_ix + e] = v
+                if nsend:
+                    stage_t[rl, ch, grp, SEND_SLOT, e] = v
+                e += 1
+            for j in range(nsend):  # storeLL
+                c, step = P[SEND + j], P[SSTEP + j]
+                flag = ll_flag(step) << SHIFT
+                cuda.atomic.exch(fifo, (c, step % NCCL_STEPS, w),
+                                 flag | np.uint64(stage_u[rl, ch, grp, SEND_SLOT, w]))
+                cuda.atomic.exch(fifo, (c, step % NCCL_STEPS, w + 1),
+                                 flag | np.uint64(stage_u[rl, ch, grp, SEND_SLOT, w + 1]))
+            line += gth
+        for j in range(nsend):  # incSend's cleanup on clean-mask steps
+            c, step = P[SEND + j], P[SSTEP + j]
+            if (step & LL_CLEAN_MASK) == LL_CLEAN_MASK:
+                flag = ll_flag(step) << SHIFT
+                line = nlines + gtid
+                while line < slot_lines:
+                    cuda.atomic.exch(fifo, (c, step % NCCL_STEPS, 2 * line), flag)
+                    cuda.atomic.exch(fifo, (c, step % NCCL_STEPS, 2 * line + 1), flag)
+                    line += gth
+            P[SSTEP + j] += 1
+        if not group_sync(bars, rl, ch, grp, gth, abort):
+            return False
+        for j in range(nrecv):  # postRecv
+            P[RSTEP + j] += 1
+            if gtid == 0:
+                publish(ctrl, (P[RECV + j], HEAD), np.int64(P[RSTEP + j]))
+        return True
+    return ll_op

@@ -1,0 +1,88 @@
+"""The Simple protocol on the GPU (NCCL ``src/device/prims_simple.h``: ``genericOp``, ``waitPeer``, ``postPeer``),
+the same step and slice logic as ``collectives/device/prims_simple.py``.
+
+Per slice: the group's first threads wait (one per peer) for ``tail >= step + StepPerSlice`` of each recv peer and
+for send credit ``head + NCCL_STEPS >= step + StepPerSlice`` of each send peer; barrier; every thread of the group
+reduces and copies a strided share of the slice's elements; barrier; thread 0 publishes (system fence, then the
+store) the new step into the senders' head and the receivers' tail.  Empty trailing slices still wait and post.
+"""
+from __future__ import annotations
+
+import numpy as np
+from .api import cuda
+
+from include.device import NCCL_STEPS
+
+from .prims import (CHANNEL, GROUP, GTHREADS, GTID, HEAD, NRECV, NSEND, RANK, RECV, RL, RSTEP, SEND, SPC, SPS,
+                    SSTEP, TAIL, div_up, imax, imin)
+from .sync import WHAT_HEAD, WHAT_TAIL, group_sync, publish, wait_ge
+
+
+def make_simple_op(fn, premul, postdiv):
+    @cuda.jit(device=True)
+    def simple_op(P, inp, out, fifo, ctrl, conns, bars, abort, scal, nranks, timeout_ns,
+                  src_ix, dst_ix, nelem, recv, send, post_op, from_output):
+        """``genericOp``: ``src_ix``/``dst_ix`` < 0 mean no user source / destination; False on abort."""
+        spc, sps = P[SPC], P[SPS]
+        gtid, gth, rl = P[GTID], P[GTHREADS], P[RL]
+        nrecv = P[NRECV] if recv else 0
+        nsend = P[NSEND] if send else 0
+        step_elems = fifo.shape[1] // NCCL_STEPS
+        if nelem < 0:
+            nelem = 0
+        slice_size = imax(div_up(nelem, 16 * spc) * 16, step_elems * sps // 32)
+        has_src, has_dst = src_ix >= 0, dst_ix >= 0
+        pre = has_src and not from_output
+        offset = 0
+        for _ in range(spc):
+            real = imax(0, imin(slice_size, nelem - offset))
+            ok = True
+            i = gtid
+            while i < nrecv:  # waitPeer: the recv peer has filled this slice
+                c = P[RECV + i]
+                ok = ok and wait_ge(ctrl, (c, TAIL), P[RSTEP + i] + sps, abort, timeout_ns, P[RANK],
+                                    P[CHANNEL], P[RSTEP + i], conns[c, 0], WHAT_TAIL, P[GROUP])
+                i += gth
+            i = gtid
+            while i < nsend:  # ... and the send peer has room for it
+                c = P[SEND + i]
+                ok = ok and wait_ge(ctrl, (c, HEAD), P[SSTEP + i] + sps - NCCL_STEPS, abort, timeout_ns,
+                                    P[RANK], P[CHANNEL], P[SSTEP + i], conns[c, 1], WHAT_HEAD, P[GROUP])
+                i += gth
+            if not group_sync(bars, rl, P[CHANNEL], P[GROUP], gth, abort) or not ok:
+                return False
+            e = gtid
+            while e < real:
+                k = 0
+                if has_src:
+                    if from_output:
+                        v = out[rl, src_ix + offset + e]
+                    else:
+                        v = inp[rl, src_ix + offset + e]
+                    if pre:
+                        v = premul(v, scal[0])
+                else:
+                    v = fifo[P[RECV], (P[RSTEP] % NCCL_STEPS) * step_elems + e]
+                    k = 1
+                for j in range(k, nrecv):
+                    v = fn(v, fifo[P[RECV + j], (P[RSTEP + j] % NCCL_STEPS) * step_elems + e])
+                if post_op:
+                    v = postdiv(v, nranks)
+                if has_dst:
+                    out[rl, dst_ix + offset + e] = v
+                for j in range(nsend):
+                    fifo[P[SEND + j], (P[SSTEP + j] % NCCL_STEPS) * step_elems + e] = v
+                e += gth
+            if not group_sync(bars, rl, P[CHANNEL], P[GROUP], gth, abort):
+                return False
+            for j in range(nrecv):  # postPeer
+                P[RSTEP + j] += sps
+                if gtid == 0:
+                    publish(ctrl, (P[RECV + j], HEAD), np.int64(P[RSTEP + j]))
+            for j in range(nsend):
+                P[SSTEP + j] += sps
+                if gtid == 0:
+                    publish(ctrl, (P[SEND + j], TAIL), np.int64(P[SSTEP + j]))
+            offset += slice_size
+        return True
+    return simple_op

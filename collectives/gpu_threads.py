@@ -1,0 +1,214 @@
+"""N ranks as threads of one process on one device, connected by direct pointers (nccl-tests' ``-g N`` in one
+process; NCCL ``src/transport/p2p.cc``'s ``via P2P/direct pointer``: within one process a rank simply uses its
+peer's device pointers).
+
+``ThreadComm`` owns the connection memory of every channel's ring and tree edges, as NCCL's P2P write mode lays
+it out: the FIFOs (Simple: ``NCCL_STEPS`` slots of ``NCCL_BUFFSIZE / 8``; LL: 16-byte lines) and the tail live
+with the receiver, the head with the sender; each is one row of a pool, so a rank's kernel reaches its peer's
+row directly.  A ring and a tree share the connector of the same (channel, sender, receiver), as in NCCL.
+``run`` schedules the collective with ``enqueue.schedule_coll`` (the CPU path's split into channels and chunks)
+and launches the kernel: on ``cuda`` one host thread per rank, each launching on its own stream; on ``cudasim``
+one launch holding every rank (numba's simulator runs a single launch at a time; see ``kernel.py``).
+The transport that selects P2P and prints NCCL's ``via P2P/...`` lines is the later ``transports/p2p.py``.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from . import enqueue
+from collectives.device.common import CollectiveError
+from collectives.device.reduce_copy import RedOp
+from collectives.graph.rings import ring_orders, setup_ring
+from collectives.graph.trees import channel_trees
+from include.device import NCCL_STEPS
+from misc.param import env_int, timeout_s
+
+from collectives.device.backend import Device, get_device
+from collectives.device.cuda import kernel as K
+from collectives.device.cuda.reduce import kind_of
+from collectives.device.cuda.sync import ABORT_WORDS, WHAT_NAMES
+
+GROUP_NAMES = {0: "", 1: " (tree reduce)", 2: " (tree broadcast)"}
+
+
+class ThreadComm:
+    def __init__(self, nranks: int, nchannels: int = 1, device: Device | str | None = None,
+                 rings: list[list[int]] | None = None, node_of: list[int] | None = None,
+                 nthreads: int | None = None):
+        """``node_of``: each rank's emulated node, which shapes the trees (one node: a chain)."""
+        self.dev = device if isinstance(device, Device) else get_device(device)
+        if not self.dev.name.startswith("cuda"):
+            raise ValueError("ThreadComm runs kernels: device cuda or cudasim")
+        self.n, self.nch = nranks, nchannels
+        self.nthreads = nthreads or (env_int("NCCLLAB_SIM_THREADS", 4) if self.dev.name == "cudasim" else None)
+        self.op_count = 0
+        self.buff = {"Simple": env_int("NCCL_BUFFSIZE", 1 << 22), "LL": env_int("NCCL_LL_BUFFSIZE", 1 << 19),
+                     "LL128": env_int("NCCL_LL128_BUFFSIZE", 4915200)}
+        self.rings = ring_orders(nranks, nchannels, rings, node_of)
+        self.trees = channel_trees(self.rings, node_of or [0] * nranks)[:nchannels]
+        self._connect()
+
+    # --- connection memory (NCCL: p2pSendSetup / p2pRecvSetup allocate it, the peers exchange pointers) ---
+    def _connect(self) -> None:
+        n, nch, ids = self.n, self.nch, {}
+
+        def conn(c: int, src: int, dst: int) -> int:
+            return ids.setdefault((c, src, dst), len(ids))
+
+        ring = np.full((n, nch, 3 + n), -1, np.int64)
+        tree = np.full((n, nch, K.TREE_WORDS), -1, np.int64)
+        for c in range(nch):
+            for r in range(n):
+                rg = setup_ring(self.rings[c], r)
+                ring[r, c, 0], ring[r, c, 1] = conn(c, rg.prev, r), conn(c, r, rg.next)
+                ring[r, c, 2] = rg.index
+                ring[r, c, 3:] = rg.user_ranks
+                node = self.trees[c][r]
+                tree[r, c, K.T_UP] = node.up
+                if node.up >= 0:
+                    tree[r, c, K.T_FROM_UP], tree[r, c, K.T_TO_UP] = conn(c, node.up, r), conn(c, r, node.up)
+                for i, d in enumerate(node.down):
+                    tree[r, c, K.T_DOWN + i] = d
+                    tree[r, c, K.T_FROM_DOWN + i], tree[r, c, K.T_TO_DOWN + i] = conn(c, d, r), conn(c, r, d)
+        self.conn_ids = ids
+        nconn = len(ids)
+        conns = np.zeros((nconn, 2), np.int64)
+        for (c, src, dst), i in ids.items():
+            conns[i] = (src, dst)
+        d = self.dev
+        self.ring_t, self.tree_t, self.conns = d.to_device(ring), d.to_device(tree), d.to_device(conns)
+        self.fifo_s = d.zeros((nconn, NCCL_STEPS * (self.buff["Simple"] // NCCL_STEPS)), np.uint8)
+        self.fifo_ll = d.zeros((nconn, NCCL_STEPS, self.buff["LL"] // NCCL_STEPS // 8), np.uint64)
+        self.ctrl = d.zeros((nconn, 2), np.int64)    # head (the sender polls it), tail (the receiver polls it)
+        self.steps = d.zeros((nconn, 2), np.int64)   # each side's step, kept between collectives
+        ll_data = self.buff["LL"] // NCCL_STEPS // 2
+        self.stage = d.zeros((self.n, nch, 3, 4, ll_data), np.uint8)
+        self.bars = d.zeros((self.n, nch, 3, 2), np.int64)
+        self.abort = d.zeros(ABORT_WORDS, np.int64)
+
+    # --- one collective ---
+    def run(self, func: str, inputs: list, op: str = "sum", root: int = 0, proto: str = "Simple",
+            algo: str = "Ring", absent: tuple = ()) -> list[np.ndarray]:
+        """Every rank's output (host numpy).  ``inputs``: each rank's send buffer (numpy, or device arrays on
+        ``cuda``).  ``absent``: ranks whose kernel returns at once (the deadline test's peer that never posts)."""
+        launch = self.prepare(func, inputs, op, root, proto, algo, absent)
+        launch()
+        return launch.outputs()
+
+    def prepare(self, func: str, inputs: list, op: str = "sum", root: int = 0, proto: str = "Simple",
+                algo: str = "Ring", absent: tuple = ()) -> "Launch":
+        """Device buffers (outputs poisoned with 0xA5) and the launch arguments of one collective; calling the
+        result runs it (again: the timing loop of scripts/gpu_check.py)."""
+        if func not in K.COLLS or proto not in K.PROTOS or algo not in K.ALGOS:
+            raise ValueError(f"{func}/{algo}/{proto}: the GPU kernels run the five ring collectives and Tree "
+                             f"AllReduce, protocols Simple and LL")
+        if algo == "Tree" and func != "AllReduce":
+            raise ValueError(f"{func}: only AllReduce has a Tree algorithm")
+        n, d = self.n, self.dev
+        host = [np.asarray(d.to_host(x)) for x in inputs]
+        dtype, count = host[0].dtype, host[0].size
+        out_count = {"AllGather": count * n, "ReduceScatter": count // n}.get(func, count)
+        sched_count = count // n if func == "ReduceScatter" else count
+        kdt = np.dtype(np.uint16) if kind_of(dtype) == "bf16" else dtype
+        if func in ("AllGather", "Broadcast"):  # NCCL retypes these as int8: bytes
+            kdt = np.dtype(np.uint8)
+        inp = d.to_device(np.stack([x.reshape(-1).view(np.uint8) for x in host]).view(kdt))
+        out = d.to_device(np.full((n, out_count * dtype.itemsize), 0xA5, np.uint8).view(kdt))
+        launch = Launch(self, func, dtype, out)
+        if sched_count == 0:
+            return launch
+        t = enqueue.default_tuning(n, self.nch, self.buff)
+        plan = enqueue.schedule_coll(t, func, sched_count, dtype.itemsize, algo, proto)
+        work = np.array([[w.part_offset, w.part_count, w.chunk_count, w.count] for w in plan.works], np.int64)
+        nch = plan.nchannels
+        nthreads = self.nthreads or min(640, plan.n_warps * 32)
+        spc, sps = 1, 1
+        if proto == "Simple" and algo == "Ring":
+            spc, sps = enqueue.CHUNKSTEPS[func] // enqueue.SLICESTEPS[func], enqueue.SLICESTEPS[func]
+        split = max(1, nthreads * (3 if proto == "Simple" else 7) // (5 if proto == "Simple" else 10))
+        prm = np.array([K.COLLS[func], K.PROTOS[proto], n, root, int(timeout_s() * 1e9), nthreads, 0, nch,
+                        K.ALGOS[algo], spc, sps, split, sum(1 << r for r in absent)], np.int64)
+        redop = RedOp(op, np.dtype(dtype), n)
+        scal = np.zeros(1, kdt)
+        if func not in ("AllGather", "Broadcast") and redop.premul is not None:
+            scal = np.array([redop.premul]).astype(dtype).view(kdt)
+        kern = K.get_kernel(op, kind_of(dtype) if kdt != np.uint8 else "int")
+        launch.kernel, launch.prm, launch.nch, launch.nthreads = kern, prm, nch, nthreads
+        launch.args = [d.to_device(work), self.ring_t, self.tree_t, inp, out, self.fifo_s.view(kdt), self.fifo_ll,
+                       self.stage.view(kdt), self.stage.view(np.uint32), self.ctrl, self.steps, self.conns,
+                       self.bars, self.abort, d.to_device(scal)]
+        return launch
+
+    def _launch_threads(self, launch: "Launch") -> None:  # pragma: no cover - needs a GPU
+        """One host thread per rank, each launching its rank's kernel on its own stream (made once per prepared
+        collective, so a timing loop measures the kernels, not the setup)."""
+        from numba import cuda
+        d = self.dev
+        if launch.per_rank is None:
+            local = {3, 4, 7, 8, 12}  # inputs, outputs, staging (2 views), barriers: row 0 is the rank's own
+            launch.per_rank = []
+            for r in range(self.n):
+                stream = d.stream()
+                p = launch.prm.copy()
+                p[K.RANK_LO] = r
+                args = [x[r:r + 1] if i in local else x for i, x in enumerate(launch.args)]
+                args = [cuda.as_cuda_array(x, sync=False) for x in [d.to_device(p), *args]]
+                launch.per_rank.append((stream, cuda.external_stream(stream.raw.ptr), args))
+            d.synchronize()  # the parameter copies above, before any rank's stream uses them
+        errors = []
+
+        def one(r: int) -> None:
+            stream, nstream, args = launch.per_rank[r]
+            try:
+                launch.kernel[launch.nch, launch.nthreads, nstream](*args)
+                stream.synchronize()
+            except Exception as exc:  # reported after every thread has joined
+                errors.append(f"rank {r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+
+        threads = [threading.Thread(target=one, args=(r,), daemon=True) for r in range(self.n)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout_s() + 30)
+            if th.is_alive():
+                raise CollectiveError("a rank's kernel did not return after its deadline (the card may be hung)")
+        if errors:
+            raise CollectiveError(errors[0])
+
+    def _abort_line(self, func: str, abort) -> str:
+        rank, ch, step, peer, what, group = (int(v) for v in abort[1:7])
+        side = (f"head from rank {peer} (send credit)" if what == 1 else
+                f"{WHAT_NAMES[what]} from rank {peer} (recv)")
+        return (f"rank {rank}: {func} (opCount {self.op_count - 1}) made no progress for {timeout_s():g} s "
+                f"(NCCLLAB_TIMEOUT): channel {ch}{GROUP_NAMES.get(group, '')} step {step} waiting for {side}")
+
+
+class Launch:
+    """One prepared collective: ``launch()`` runs it on every rank; ``outputs()`` copies the results back."""
+
+    def __init__(self, comm: ThreadComm, func: str, dtype, out):
+        self.comm, self.func, self.dtype, self.out = comm, func, dtype, out
+        self.kernel = None
+        self.per_rank = None  # cuda: each rank's stream and kernel arguments, made at the first launch
+
+    def __call__(self) -> None:
+        c = self.comm
+        c.op_count += 1
+        if self.kernel is None:  # count 0: nothing to do, as in NCCL
+            return
+        c.abort[:] = 0
+        c.bars[:] = 0
+        c.dev.synchronize()  # the resets ran on the default stream; the ranks' streams do not wait for it
+        if c.dev.name == "cudasim":
+            self.kernel[1, c.n * self.nch * self.nthreads](c.dev.to_device(self.prm), *self.args)
+        else:  # pragma: no cover - needs a GPU
+            c._launch_threads(self)
+        abort = np.asarray(c.dev.to_host(c.abort))
+        if abort[0]:
+            raise CollectiveError(c._abort_line(self.func, abort))
+
+    def outputs(self) -> list[np.ndarray]:
+        outs = np.asarray(self.comm.dev.to_host(self.out))
+        return [outs[r].view(self.dtype) for r in range(self.comm.n)]
