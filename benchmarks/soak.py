@@ -92,7 +92,7 @@ def new_comm(world, rng: np.random.Generator, nodes_choices: list[int]):
         os.environ.pop("NCCL_HOSTID", None)
     proto, algo, nch = str(rng.choice(PROTOS)), str(rng.choice(ALGOS)), int(rng.integers(1, 3))
     uid = world.bcast(collectives.get_unique_id().to_bytes() if world.rank == 0 else None)
-    comm = collectives.Communicator(uid, world.size, world.rank, nchannels=nch, protocols=proto, algorithms=algo)
+    comm = collectives.Communicator(uid, world.size, world.rank, search_channels=nch, protocols=proto, algorithms=algo)
     return comm, f"nodes={nodes} proto={proto or 'auto'} algo={algo or 'auto'} channels={comm.nchannels}"
 
 

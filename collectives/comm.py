@@ -47,7 +47,7 @@ class Communicator(api.Collectives):
 
     def __init__(self, unique_id: UniqueId | bytes | None = None, nranks: int | None = None,
                  rank: int | None = None, *, rings: list[list[int]] | None = None,
-                 nchannels: int | None = None, protocols: str | None = None, algorithms: str | None = None):
+                 search_channels: int | None = None, protocols: str | None = None, algorithms: str | None = None):
         from .launch import install_fatal_hook, rank_env
         install_fatal_hook()  # an uncaught error ends the whole job (MPI_Abort under mpirun)
         if unique_id is None:
@@ -65,7 +65,7 @@ class Communicator(api.Collectives):
         self.health: Health | None = None      # status pages, checks while waiting, hang reports
         self.conns: Connections | None = None  # the transports' state: segments, net plugin, proxy
         try:
-            self._init_transports(unique_id, rings, nchannels, protocols, algorithms)
+            self._init_transports(unique_id, rings, search_channels, protocols, algorithms)
         except BaseException as exc:
             self._free_connections()
             self.bootstrap.close()
@@ -74,7 +74,7 @@ class Communicator(api.Collectives):
             raise
 
     # ------------------------------------------------------------------ init
-    def _init_transports(self, uid: UniqueId, rings, nchannels, protocols, algorithms) -> None:
+    def _init_transports(self, uid: UniqueId, rings, search_channels, protocols, algorithms) -> None:
         if rings is None and env_str("NCCLLAB_RINGS"):
             rings = parse_rings(env_str("NCCLLAB_RINGS"), self.nranks)
         self.buff_sizes = buffer_sizes()
@@ -82,7 +82,7 @@ class Communicator(api.Collectives):
         algo_text = algorithms if algorithms is not None else os.environ.get("NCCL_ALGO", "")
         tuning.protocol_table(proto_text)  # a bad NCCL_PROTO / NCCL_ALGO fails at init, on every rank
         tuning.algorithm_table(algo_text)
-        peers = exchange(self.bootstrap, self.rank, self.nranks, uid.magic, self.buff_sizes, rings, nchannels,
+        peers = exchange(self.bootstrap, self.rank, self.nranks, uid.magic, self.buff_sizes, rings, search_channels,
                          proto_text, algo_text)
         self.peer_info, self.tag, self.node_of_rank, self.nnodes = peers.info, peers.tag, peers.node_of_rank, \
             peers.nnodes

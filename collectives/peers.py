@@ -43,11 +43,11 @@ def buffer_sizes() -> dict:
     return sizes
 
 
-def exchange(bootstrap, rank: int, nranks: int, magic: int, buff_sizes: dict, rings, nchannels: int | None,
+def exchange(bootstrap, rank: int, nranks: int, magic: int, buff_sizes: dict, rings, search_channels: int | None,
              proto_text: str, algo_text: str) -> Peers:
     """The allgather of peer info and the checks that every rank agrees."""
     # What the topology search would find (ring graph channels): explicit rings set it, as NCCL_RINGS did.
-    nch = min(nchannels or max(DEFAULT_SEARCH_CHANNELS_CPU, len(rings or [])), MAXCHANNELS // 2)
+    nch = min(search_channels or max(DEFAULT_SEARCH_CHANNELS_CPU, len(rings or [])), MAXCHANNELS // 2)
     my_host = sockets.host_hash()
     mine = {"rank": rank, "host_hash": my_host, "pid": os.getpid(), "host": socket.gethostname(),
             "nchannels": max(1, nch), "buff_sizes": buff_sizes, "max_channels": max_nchannels(),

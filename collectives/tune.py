@@ -103,6 +103,9 @@ def main(argv=None) -> int:
     p.add_argument("--series", metavar="FILE", help="the chosen (algo, proto)'s predicted busbw per size, JSON")
     a = p.parse_args(argv)
     try:
+        for flag in ("gpus", "nodes"):
+            if getattr(a, flag) is not None and getattr(a, flag) < 1:
+                raise ValueError(f"--{flag} {getattr(a, flag)}: must be at least 1")
         machine = machine_from_args(a)
     except ValueError as e:   # TopoError is a ValueError; bad presets too
         print(f"python -m collectives.tune: {e}", file=sys.stderr)

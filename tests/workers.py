@@ -108,7 +108,7 @@ def bitwise(args: list[str]) -> None:
     """bitwise CASE (a ``Case`` as JSON)"""
     case = Case(**json.loads(args[0]))
     seed = int.from_bytes(os.urandom(4), "little")
-    with collectives.Communicator(rings=case.rings, nchannels=case.channels) as comm:
+    with collectives.Communicator(rings=case.rings, search_channels=case.channels) as comm:
         comm._test_rings, comm._test_search_channels = case.rings, case.channels  # what the test asked for
         seed = comm.bootstrap.allgather_obj(seed)[0]  # fresh inputs each run, the same on every rank
         for count in case.counts:
@@ -210,7 +210,7 @@ def mpi_compare(args: list[str]) -> None:
 def traced_allreduce(args: list[str]) -> None:
     """One AllReduce of COUNT float32 on CHANNELS channels (the test reads the trace afterwards)."""
     nch, count = int(args[0]), int(args[1])
-    with collectives.Communicator(nchannels=nch) as comm:
+    with collectives.Communicator(search_channels=nch) as comm:
         x = np.ones(count, np.float32)
         assert np.array_equal(comm.all_reduce(x), np.full_like(x, comm.nranks))
 
