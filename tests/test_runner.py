@@ -126,10 +126,10 @@ def test_json_to_stdout_keeps_the_table_apart():
 
 def test_launcher_cli_runs_a_script(tmp_path):
     script = tmp_path / "mine.py"
-    script.write_text("import numpy as np, collectives\n"
+    script.write_text("import os, numpy as np, collectives\n"
                       "with collectives.Communicator() as c:\n"
-                      "    y = c.all_reduce(np.ones(3, np.float32))\n"
-                      "    print('rank', c.rank, 'of', c.nranks, 'nodes', c.nnodes, float(y[0]), flush=True)\n")
+                      "    y = c.all_reduce(np.ones(3, np.float32))\n"  # one write per line: ranks share stdout
+                      "    os.write(1, f'rank {c.rank} of {c.nranks} nodes {c.nnodes} {float(y[0])}\\n'.encode())\n")
     proc = subprocess.run([sys.executable, "-m", "collectives.launch", "-g", "3", "--nodes", "2", str(script)],
                           env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
