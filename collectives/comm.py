@@ -194,7 +194,7 @@ class Communicator(api.Collectives):
     def _run(self, func: str, send, recv, count: int, redop: RedOp, root: int) -> None:
         plan = self.plan(func, count, send.dtype)
         proto = plan.proto
-        if self.rank == 0:  # scheduleCollTasksToPlan, every call: count x type size
+        if self.rank == 0 and debug.enabled("INFO", "TUNING"):  # scheduleCollTasksToPlan, every call
             debug.info("TUNING", f"{func}: {count * send.itemsize} Bytes -> Algo {plan.algo} proto {proto} "
                                  f"channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}}")
         if debug.enabled("TRACE", "COLL"):

@@ -28,6 +28,7 @@ class Connections:
     def __init__(self, info: CommInfo, bootstrap, peer_info: list[dict]):
         self.info, self.bootstrap, self.peer_info = info, bootstrap, peer_info
         self.states: dict = {}  # transport -> its state for this communicator
+        self.proxied = False    # whether any connection goes through a proxy (NET); fixed once connected
 
     def _state(self, transport):
         if transport not in self.states:
@@ -62,12 +63,9 @@ class Connections:
         finally:
             for t, state in self.states.items():
                 t.connected(state)
+            self.proxied = any(getattr(state, "connections", None) for state in self.states.values())
 
     # --- what the communicator asks of its connections ---
-    @property
-    def proxied(self) -> bool:
-        """Whether any connection goes through a proxy (NET)."""
-        return any(getattr(state, "connections", None) for state in self.states.values())
 
     def save_ops(self, counts: list, proto: str, slice_steps: int, chunk_steps: int, tracer, seq: int) -> list:
         """``ncclProxySaveOp``: one op per proxied connector of ``counts`` [(connector, steps)], posted to its proxy
