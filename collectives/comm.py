@@ -48,6 +48,8 @@ class Communicator(api.Collectives):
     def __init__(self, unique_id: UniqueId | bytes | None = None, nranks: int | None = None,
                  rank: int | None = None, *, rings: list[list[int]] | None = None,
                  search_channels: int | None = None, protocols: str | None = None, algorithms: str | None = None):
+        # Imported here, not above: ``python -m collectives.launch`` runs that module as __main__, and the package
+        # import (collectives/__init__ -> comm) must not have imported it first.
         from .launch import install_fatal_hook, rank_env
         install_fatal_hook()  # an uncaught error ends the whole job (MPI_Abort under mpirun)
         if unique_id is None:

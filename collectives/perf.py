@@ -22,6 +22,7 @@ from .comm import Communicator
 from .device.reduce_copy import DTYPES, parse_dtype, parse_op
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
+from .launch import emulated_node, job_size, launched, memory_available, spawn
 
 NCCL_TESTS_TYPE = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
                    "uint64": "uint64", "float16": "half", "float32": "float", "float64": "double",
@@ -275,7 +276,6 @@ def build_parser(module: str) -> argparse.ArgumentParser:
 
 def check_args(args, nranks: int) -> str | None:
     """What can be checked before any rank starts: one line saying what is wrong and what would be valid."""
-    from .launch import memory_available
     if nranks < 1:
         return f"-g {nranks}: the number of ranks must be at least 1"
     if not 1 <= args.nodes <= nranks:
@@ -316,7 +316,6 @@ def check_args(args, nranks: int) -> str | None:
 def main(module: str, argv: Sequence[str] | None = None) -> int:
     """Entry point shared by ``collectives.ring`` & co.: check the arguments, spawn ranks when not launched (or
     take mpirun's), then run the sweep."""
-    from .launch import emulated_node, job_size, launched, spawn
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(module).parse_args(argv)
     if args.topo:  # the searched rings, chains and pattern go to every rank through the environment
