@@ -84,13 +84,13 @@ def busy(world, rng: np.random.Generator, mpi) -> None:
         pass
 
 
-def new_comm(world, rng: np.random.Generator, nodes_choices: list[int]):
+def new_comm(world, rng: np.random.Generator, nodes_choices: list[int], protos: list[str], algos: list[str]):
     nodes = int(rng.choice(nodes_choices))
     if nodes > 1:
         os.environ["NCCL_HOSTID"] = f"nccllab-soak-node{world.rank * nodes // world.size}"
     else:
         os.environ.pop("NCCL_HOSTID", None)
-    proto, algo, nch = str(rng.choice(PROTOS)), str(rng.choice(ALGOS)), int(rng.integers(1, 3))
+    proto, algo, nch = str(rng.choice(protos)), str(rng.choice(algos)), int(rng.integers(1, 3))
     uid = world.bcast(collectives.get_unique_id().to_bytes() if world.rank == 0 else None)
     comm = collectives.Communicator(uid, world.size, world.rank, search_channels=nch, protocols=proto, algorithms=algo)
     return comm, f"nodes={nodes} proto={proto or 'auto'} algo={algo or 'auto'} channels={comm.nchannels}"
@@ -104,6 +104,9 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.add_argument("--max-bytes", type=parse_size, default=parse_size("8M"), help="largest message (default 8M)")
     p.add_argument("--per-comm", type=int, default=25, help="collectives per communicator (default 25)")
+    p.add_argument("--nodes", type=int, nargs="*", help="node splits to draw from (default: 1, 2 and G)")
+    p.add_argument("--protos", nargs="*", default=PROTOS, help="NCCL_PROTO values to draw from ('' = auto)")
+    p.add_argument("--algos", nargs="*", default=ALGOS, help="NCCL_ALGO values to draw from ('' = auto)")
     a = p.parse_args()
     if not under_mpirun():
         mpirun = shutil.which("mpirun") or sys.exit("soak.py: mpirun not found (pip install mpich)")
@@ -112,14 +115,14 @@ def main() -> int:
     world = MPI.COMM_WORLD
     seed = world.bcast(a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little"))
     rng = np.random.default_rng(seed)  # the same draws on every rank
-    nodes_choices = sorted({1, 2, world.size} - {0})
+    nodes_choices = a.nodes or sorted({1, 2, world.size} - {0})
     t0, done, wrong, comms = time.monotonic(), 0, 0, 0
     comm = None
     while done < a.count and not (a.seconds and time.monotonic() - t0 > a.seconds):
         if done % a.per_comm == 0:
             if comm is not None:
                 comm.destroy()
-            comm, config = new_comm(world, rng, nodes_choices)
+            comm, config = new_comm(world, rng, nodes_choices, a.protos, a.algos)
             comms += 1
         try:
             what, ok = one_collective(comm, rng, seed * 1_000_003 + done, a.max_bytes)

@@ -27,9 +27,9 @@ from transports.connections import Connections, connect_rings, connect_trees
 from . import api, enqueue
 from .bootstrap import Bootstrap, UniqueId
 from .channels import postset
-from .device import launch
+from .device import launch, ll_compiled
 from .device.common import CollectiveError, Kernel
-from .device.reduce_copy import DTYPE_CODES, OPS, RedOp, dtype_name, parse_op, reduce_copy
+from .device.reduce_copy import OPS, dtype_name, reduce_copy
 from .graph import tuning
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
@@ -37,7 +37,7 @@ from .graph.rings import parse_rings, ring_log_line, ring_orders
 from .graph.trees import trees_log_line
 from .health import Health
 from .peers import buffer_sizes, exchange
-from .status import FUNC_CODES
+from .task import IN_PLACE_MATTERS, Task, addr as _addr, compiled_form, in_place, new_task
 
 
 
@@ -127,6 +127,13 @@ class Communicator(api.Collectives):
             if self.cost_model.algo_usable("AllReduce", "Tree"):
                 connect_trees(self.conns, self.channels)
         self.tracer = tracer_from_env(self.rank, self.describe())
+        h = self.health
+        self._kernel = Kernel(self.rank, 0, "", h.check, lambda peer: h.check_peer_op(peer, self.op_count),
+                              self.oversubscribed, h.suspects, h.warn)
+        self._kernel.tracer = self.tracer
+        self._compiled = ll_compiled.Cache(self.channels, self.nranks, h.pages, h.mine, self.rank)
+        self._tasks: dict[tuple, Task] = {}
+        self._log_coll, self._log_tuning = debug.enabled("INFO", "COLL"), debug.enabled("INFO", "TUNING")
         debug.info("INIT", f"ncclCommInitRank comm {hex(id(self))} rank {self.rank} nranks {self.nranks} "
                            f"cudaDev {self.local_rank} "
                            f"nvmlDev {self.local_rank} busId 0 commId {hex(uid.magic)} - Init COMPLETE")
@@ -162,24 +169,25 @@ class Communicator(api.Collectives):
             raise CollectiveError(f"communicator is in error state after: {self._error}")
 
     def _launch(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> None:
-        """``ncclEnqueueCheck`` + ``ncclLaunchKernel`` for one collective."""
+        """``ncclEnqueueCheck`` + ``ncclLaunchKernel`` for one collective (its ``Task`` is built on first use)."""
         self._check()
-        op = parse_op(op)
-        dtype = send.dtype
-        dtype_code = DTYPE_CODES[dtype_name(dtype)]
-        self.health.publish(self.op_count, (FUNC_CODES[func], count, dtype_code, OPS[op], root))
-        if debug.enabled("INFO", "COLL"):
+        task = self._tasks.get((func, count, send.dtype, op, root))
+        if task is None:
+            task = self._tasks[(func, count, send.dtype, op, root)] = new_task(self, func, count, send.dtype, op,
+                                                                               root)
+        compiled = compiled_form(task, self._compiled, self.rank, send, recv, self.tracer is not None)
+        self.health.publish(self.op_count, task.signature, task.sig, python=compiled is None)
+        if self._log_coll:
             debug.info("COLL", f"{func}: opCount {self.op_count:x} sendbuff {hex(_addr(send))} recvbuff "
-                               f"{hex(_addr(recv))} count {count} datatype {dtype_code} op {OPS[op]} root {root} "
-                               f"comm {hex(id(self))} [nranks={self.nranks}] stream 0x0")
+                               f"{hex(_addr(recv))} count {count} datatype {task.dtype_code} op {OPS[task.op]} "
+                               f"root {root} comm {hex(id(self))} [nranks={self.nranks}] stream 0x0")
         try:
-            redop = RedOp(op, np.dtype(dtype), self.nranks)
             if count == 0:
                 return  # NCCL returns before enqueueing anything
-            if self.nranks == 1:
-                self._one_rank(send, recv, redop)
+            if self.nranks == 1:  # ncclLaunchOneRank: a local reduce-copy applying the pre- and post-op
+                reduce_copy(task.redop, [send[:len(recv)]], [recv], pre_op=True, post_op=True)
                 return
-            self._run(func, send, recv, count, redop, root)
+            self._run(task, send, recv, compiled)
         except CollectiveError as exc:
             self._error = str(exc)
             self._flush_trace()
@@ -188,37 +196,25 @@ class Communicator(api.Collectives):
         finally:
             self.op_count += 1
 
-    def _one_rank(self, send, recv, redop: RedOp) -> None:
-        """``ncclLaunchOneRank``: a local reduce-copy applying the pre- and post-op."""
-        n = len(recv)
-        reduce_copy(redop, [send[:n]], [recv[:n]], pre_op=True, post_op=True)
-
-    def _run(self, func: str, send, recv, count: int, redop: RedOp, root: int) -> None:
-        plan = self.plan(func, count, send.dtype)
-        proto = plan.proto
-        if self.rank == 0 and debug.enabled("INFO", "TUNING"):  # scheduleCollTasksToPlan, every call
-            debug.info("TUNING", f"{func}: {count * send.itemsize} Bytes -> Algo {plan.algo} proto {proto} "
-                                 f"channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}}")
+    def _run(self, task: Task, send, recv, compiled) -> None:
+        plan, func, tracer = task.plan, task.func, self.tracer
+        if self.rank == 0 and self._log_tuning:  # scheduleCollTasksToPlan, every call
+            debug.info("TUNING", f"{func}: {task.count * send.itemsize} Bytes -> Algo {plan.algo} proto "
+                                 f"{plan.proto} channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}}")
         if debug.enabled("TRACE", "COLL"):
-            debug.trace("COLL", f"Collective {func} count={count} channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}} "
+            debug.trace("COLL", f"Collective {func} count={task.count} channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}} "
                                 f"parts={[w.part_count for w in plan.works]} chunkCount={plan.works[0].chunk_count}")
-        in_place = _addr(send) == _addr(recv) + (self.rank * send.nbytes if func == "AllGather" else 0)
-        if func in ("AllGather", "Broadcast"):  # NCCL retypes these as int8: they move bytes
+        if func in IN_PLACE_MATTERS:  # NCCL retypes these as int8: they move bytes
             send, recv = send.view(np.uint8), recv.view(np.uint8)
-        h = self.health
-        kernel = Kernel(self.rank, self.op_count, func, h.check, lambda peer: h.check_peer_op(peer, self.op_count),
-                        self.oversubscribed, h.suspects, h.warn)
-        kernel.tracer = tracer = self.tracer
-        self._kernel = kernel
+        kernel = self._kernel
+        kernel.reset(self.op_count, func)
         t0 = now() if tracer is not None else 0
-        chunk_steps, slice_steps = enqueue.chunk_slice_steps(plan)
-        counts = (enqueue.proxy_steps(plan, self.channels, self.nranks, root, chunk_steps)
-                  if self.conns is not None and self.conns.proxied else [])
-        launch.run_plan(kernel, plan, self.channels, self.nranks, send, recv, redop, root, in_place, chunk_steps,
-                        slice_steps, self.conns, counts)
+        launch.run_plan(kernel, task, self.channels, self.nranks, send, recv, compiled, self.conns, self.health,
+                        in_place(func, self.rank, send, recv) if compiled is None else False)
         if tracer is not None:
-            tracer.add("coll", self.op_count, func, plan.algo, proto, count, dtype_name(send.dtype) if func not in
-                       ("AllGather", "Broadcast") else "int8", redop.name, root, plan.nchannels, t0, now())
+            tracer.add("coll", self.op_count, func, plan.algo, plan.proto, task.count,
+                       dtype_name(send.dtype) if func not in IN_PLACE_MATTERS else "int8", task.redop.name,
+                       task.root, plan.nchannels, t0, now())
 
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
         """How ``func`` of ``count`` elements would run: protocol, channels, parts, chunks (no data moves)."""
@@ -289,6 +285,3 @@ class Communicator(api.Collectives):
             self._free_connections(failed=True)
             self.bootstrap.close()
 
-
-def _addr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]

@@ -11,8 +11,15 @@ report where the run says (``tracing.hang.report_dir``), printing the path unles
 """
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
+import socket
+import sys
+import time
 from typing import Callable
+
+import numpy as np
 
 from include.device import NCCL_STEPS
 from misc import sockets
@@ -24,6 +31,13 @@ from .device.reduce_copy import DTYPE_CODES
 from .status import StatusPage, describe
 
 
+def install_stack_dump() -> None:
+    """SIGUSR1 prints every thread's Python stack to stderr (what ``Health.ask_for_stacks`` asks for); kept if
+    the program already handles SIGUSR1."""
+    if signal.getsignal(signal.SIGUSR1) in (signal.SIG_DFL, None) and hasattr(faulthandler, "register"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
 class Health:
     def __init__(self, rank: int, nranks: int, tag: str, peer_info: list[dict], bootstrap, local_ranks: list[int],
                  transport_error: Callable[[], str | None]):
@@ -33,6 +47,7 @@ class Health:
         self.pages: dict[int, StatusPage] = {}
         self.mine = StatusPage.create(f"nccllab-{tag}-r{rank}-status")
         self.pages[rank] = self.mine
+        install_stack_dump()
         try:
             bootstrap.barrier()
             for r in local_ranks:
@@ -42,10 +57,13 @@ class Health:
         finally:
             self.mine.seg.unlink()  # every local peer has mapped it
 
-    def publish(self, op_count: int, signature: tuple) -> None:
-        """Before any data moves: this rank's call, for the peers to compare with theirs."""
+    def publish(self, op_count: int, signature: tuple, sig: np.ndarray, python: bool = True) -> None:
+        """Before any data moves: this rank's call, for the peers to compare with theirs.  ``sig`` is the same as
+        [opCount + 1, *signature] for the compiled path, which writes it to the page itself (``python=False``)."""
         self.signature = signature
-        self.mine.publish(op_count, signature)
+        sig[0] = op_count + 1
+        if python:
+            self.mine.publish(op_count, signature)
 
     def check(self, kernel) -> None:
         """Called while ``kernel`` waits: raise if whatever it waits for can no longer come."""
@@ -98,7 +116,11 @@ class Health:
             os.write(2, f"NCCL WARN {msg}\n".encode(errors="replace"))
 
     def fail(self, exc: CollectiveError, kernel, tracer) -> None:
-        """This rank's collective failed: raise the abort flag, then write the hang report."""
+        """This rank's collective failed: raise the abort flag, then write the hang report.  After a deadline,
+        first ask the ranks on this host for their Python stacks: a peer that is not waiting in a collective
+        (so printed no WARN line) shows where it is instead."""
+        if exc.timed_out:
+            self.ask_for_stacks()
         self.mine.abort(str(exc))
         if kernel is not None and kernel.wait_state:
             path = write_report(report_dir(self.tag), self._report(kernel, str(exc), tracer))
@@ -106,6 +128,25 @@ class Health:
                 self.warn(f"rank {self.rank}: hang report written to {path} (python -m tracing hang "
                           f"{os.path.dirname(path)})")
         debug.warn(str(exc))
+
+    def ask_for_stacks(self) -> None:
+        """SIGUSR1 to every other rank on this machine: ``install_stack_dump`` makes each print its threads'
+        stacks to its stderr (``NCCLLAB_HANG_STACKS=0``: not)."""
+        if os.environ.get("NCCLLAB_HANG_STACKS", "1") == "0":
+            return
+        here = socket.gethostname()
+        asked = []
+        for r, info in enumerate(self.peer_info):
+            if r != self.rank and info.get("host") == here and sockets.pid_alive(info["pid"]):
+                try:
+                    os.kill(info["pid"], signal.SIGUSR1)
+                    asked.append(str(r))
+                except OSError:
+                    pass
+        if asked:
+            self.warn(f"rank {self.rank}: ranks {','.join(asked)} on this host print their Python stacks "
+                      f"(SIGUSR1; NCCLLAB_HANG_STACKS=0 to skip)")
+            time.sleep(0.2)  # before the abort flag ends their waits
 
     def _report(self, kernel, error: str, tracer) -> dict:
         waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % NCCL_STEPS, "prim": prim}

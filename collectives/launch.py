@@ -98,8 +98,9 @@ def _fatal_excepthook(exc_type, exc, tb) -> None:
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
             _unlink_mpi_segments()
-            if secondary:
-                time.sleep(1.0)  # let the rank that knows print its line and abort first
+            # let the rank that knows print its line and abort first; that rank waits a moment too, because
+            # mpirun's proxy can kill every rank and exit before it has forwarded the line just written
+            time.sleep(1.0 if secondary else 0.2)
             mpi.COMM_WORLD.Abort(1)
 
 

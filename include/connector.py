@@ -50,11 +50,12 @@ class Connector:
     tail_sleep: np.ndarray     # uint32[1]: the receiver sleeps on tail (Simple) or the doorbell (LL, LL128)
     doorbell: np.ndarray       # uint32[1] in the receiver's memory
     transport: str = "SHM"
-    step: int = 0              # persistent step counter (conn->step)
     conn_fifo: np.ndarray | None = None  # int64[NCCL_STEPS] step sizes for a proxy (NET); None over SHM
     proxy_conn: object = None  # NET: the proxy's NetConnection for this connector (ncclConnector::proxyConn)
     words: dict = field(init=False)      # proto -> uint64[NCCL_STEPS, slot words]: each slot as 64-bit words
     scratch: dict = field(init=False)    # proto -> reusable uint64 staging (LL/LL128 pack and unpack)
+    step_word: np.ndarray = field(init=False)  # int64[1]: the persistent step counter (conn->step), as memory so
+                                               # that compiled code (``ll_compiled``) reads and saves it too
     head_addr: int = field(init=False)   # addresses for futex sleeping and waking
     tail_addr: int = field(init=False)
     bell_addr: int = field(init=False)
@@ -63,8 +64,18 @@ class Connector:
         self.words = {p: b[:NCCL_STEPS * slot_bytes(p, len(b))].view(np.uint64).reshape(NCCL_STEPS, -1)
                       for p, b in self.buffs.items()}
         self.scratch = {}
+        self.step_word = np.zeros(1, np.int64)
         addr = lambda a: a.__array_interface__["data"][0]  # noqa: E731
         self.head_addr, self.tail_addr, self.bell_addr = addr(self.head), addr(self.tail), addr(self.doorbell)
+
+    @property
+    def step(self) -> int:
+        """The connection's step counter: it survives from one collective to the next."""
+        return int(self.step_word[0])
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.step_word[0] = value
 
     def staging(self, proto: str, nwords: int) -> np.ndarray:
         """A uint64 buffer of at least ``nwords``, kept for the connection's lifetime (no per-call allocation)."""

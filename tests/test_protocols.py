@@ -194,8 +194,8 @@ def _ll_sender(monkeypatch, step: int):
     monkeypatch.setattr(device, "LL_FLAG_MOD", 256)
     z = lambda dt: np.zeros(1, dt)  # noqa: E731
     conn = Connector(peer=1, is_send=True, buffs={"LL": np.zeros(8 * 1024, np.uint8)}, head=z(np.uint64),
-                     tail=z(np.uint64), head_sleep=z(np.uint32), tail_sleep=z(np.uint32), doorbell=z(np.uint32),
-                     step=step)
+                     tail=z(np.uint64), head_sleep=z(np.uint32), tail_sleep=z(np.uint32), doorbell=z(np.uint32))
+    conn.step = step
     x = np.arange(4, dtype=np.float32)
     kernel = types.SimpleNamespace(tracer=None)  # store() needs no scheduling
     prims = prims_ll.PrimitivesLL(kernel, 0, None, conn, x, x, RedOp("sum", np.dtype(np.float32), 2))

@@ -358,6 +358,63 @@ def api_forms(args: list[str]) -> None:
     print(f"rank {r} ok", flush=True)
 
 
+def edge_inputs(seed: int, n: int, count: int, dt, op: str = "sum") -> list[np.ndarray]:
+    """Random inputs with the values where two implementations of an op part ways: NaN, +-0 and +-inf for
+    floats, the full range for integers (overflow wraps).  The NaN is x86's default NaN (what inf - inf gives,
+    0xFFC00000 for float32), so every NaN in play has the same bits: which operand's payload a NaN + NaN keeps
+    depends on the compiler's operand order (numpy's loops and numba's alike), and NCCL's GPUs canonicalise it.
+    For min and max no -0: which of +0 and -0 numpy's fmin returns differs between its vector loop and its tail."""
+    rng = np.random.default_rng([seed, count])
+    if dt.kind == "f":
+        xs = [rng.standard_normal(count).astype(dt) for _ in range(n)]
+        specials = np.array([-np.nan, 0.0, np.inf, -np.inf] + ([] if op in ("min", "max") else [-0.0]), dt)
+        for x in xs:
+            mask = rng.random(count) < 0.2
+            x[mask] = rng.choice(specials, int(mask.sum()))
+        return xs
+    info = np.iinfo(dt)
+    return [rng.integers(info.min, info.max, count, dtype=dt, endpoint=True) for _ in range(n)]
+
+
+def ll_paths(args: list[str]) -> None:
+    """ll_paths CASE: every collective, type, op and count of CASE over LL, once compiled (``ll_compiled``) and
+    once through the readable primitives (NCCLLAB_LL_COMPILED=0); both must give the same bits."""
+    case = Case(**json.loads(args[0]))
+    results = []
+    for mode in ("1", "0"):
+        os.environ["NCCLLAB_LL_COMPILED"] = mode
+        got = []
+        with collectives.Communicator(search_channels=case.channels, protocols="LL") as comm:
+            seed = comm.bootstrap.allgather_obj(int.from_bytes(os.urandom(4), "little") if mode == "1" else 0)[0]
+            seed = results[0][0] if results else seed
+            n, r = comm.nranks, comm.rank
+            for name in case.colls:
+                coll = BY_CLI[name]
+                for dtype in case.dtypes:
+                    dt = DTYPES[dtype]
+                    for op in case.ops if coll.reduces else ["sum"]:
+                        for count in case.counts:
+                            nsend = count * n if coll.name == "ReduceScatter" else count
+                            nrecv = count * n if coll.name == "AllGather" else count
+                            xs = edge_inputs(seed + count, n, nsend, dt, op)
+                            for in_place in (False, True):
+                                buf = poisoned(max(nsend, nrecv), dt)
+                                send, out = coll.in_place(buf, r, count) if in_place else (xs[r].copy(), buf[:nrecv])
+                                if in_place:
+                                    send[...] = xs[r]
+                                root = (count + 1) % n
+                                res = coll.call(comm, send, out, op, root)
+                                got.append((f"{coll.name} {dtype} {op} count={count} in_place={in_place}",
+                                            bits(np.asarray(res)).copy()))
+        results.append((seed, got))
+    for (what, a), (_, b) in zip(results[0][1], results[1][1]):
+        if not np.array_equal(a, b):
+            bad = np.flatnonzero(a != b)
+            raise AssertionError(f"rank {r}: {what}: compiled and readable LL differ at {len(bad)} elements, "
+                                 f"first {bad[:4]}: {a[bad[:2]]} vs {b[bad[:2]]}")
+    print(f"rank {r} ok {len(results[0][1])} calls", flush=True)
+
+
 if __name__ == "__main__":
     # NCCL_SHM_DISABLE=1 on one emulated node only (the test names it), set before any communicator exists.
     node = os.environ.get("NCCLLAB_TEST_SHM_DISABLE_NODE")

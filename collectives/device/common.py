@@ -32,11 +32,12 @@ GROUPS = {0: "", 1: "tree reduce", 2: "tree broadcast", 3: "proxy"}
 
 class CollectiveError(RuntimeError):
     """A collective failed on this rank; the message names the rank, channel, step and peer concerned.
-    ``secondary``: this rank only learnt that a peer failed (its abort flag); the peer reports the cause."""
+    ``secondary``: this rank only learnt that a peer failed (its abort flag); the peer reports the cause.
+    ``timed_out``: the deadline passed with nothing moving (the peers on this host are asked for their stacks)."""
 
-    def __init__(self, message: str, secondary: bool = False):
+    def __init__(self, message: str, secondary: bool = False, timed_out: bool = False):
         super().__init__(message)
-        self.secondary = secondary
+        self.secondary, self.timed_out = secondary, timed_out
 
 
 class Kernel:
@@ -53,6 +54,11 @@ class Kernel:
         self.wait_state: dict[tuple, tuple] = {}
         self._health = health
         self.check_peer_op = check_peer_op
+
+    def reset(self, op_count: int, func: str) -> None:
+        """One kernel object serves a communicator's calls: this one is ``func`` at ``op_count``."""
+        self.op_count, self.func, self.progress = op_count, func, 0
+        self.wait_state.clear()
 
     def waiting(self, prims, what: str, peer: int, step: int, word=None, mark=None) -> None:
         """Record what a channel spins on (timeout message, hang report, the word to sleep on).  Only called
@@ -123,7 +129,7 @@ class Kernel:
             if now - last_change > deadline_s:
                 raise CollectiveError(
                     f"rank {self.rank}: {self.func} (opCount {self.op_count}) made no progress for "
-                    f"{deadline_s:g} s (NCCLLAB_TIMEOUT): {self.describe_wait()}{self.suspects()}")
+                    f"{deadline_s:g} s (NCCLLAB_TIMEOUT): {self.describe_wait()}{self.suspects()}", timed_out=True)
             if not warned and now - last_change > warn_s:
                 warned = True
                 self.warn(f"rank {self.rank}: {self.func} (opCount {self.op_count}) has made no progress for "

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 from misc.param import env_int
 from tracing.events import now
 
-from . import all_gather, all_reduce, broadcast, reduce, reduce_scatter
+from . import all_gather, all_reduce, broadcast, ll_compiled, reduce, reduce_scatter
 from .prims_ll import PrimitivesLL
 from .prims_ll128 import PrimitivesLL128
 from .prims_simple import PrimitivesSimple
@@ -47,18 +47,22 @@ def primitives(kernel, proto: str, channel: int, recv, send, sendbuff, recvbuff,
     return PRIMITIVES[proto](kernel, channel, recv, send, sendbuff, recvbuff, redop, group)
 
 
-def run_plan(kernel, plan, channels: list, nranks: int, sendbuff, recvbuff, redop, root: int, in_place: bool,
-             chunk_steps: int, slice_steps: int, conns=None, proxy_counts: list = ()) -> None:
-    """``ncclLaunchKernel`` for one plan: hand the proxy its ops (``ncclProxySaveOp``: ``proxy_counts`` is
-    [(connector, steps)]), run every channel's work, then wait until the proxy has handed this collective's last
-    sends to the network (``conns.wait_sent``: a Python proxy cannot send while the caller's next C call keeps the
-    GIL)."""
+def run_plan(kernel, task, channels: list, nranks: int, sendbuff, recvbuff, compiled, conns, health,
+             in_place: bool) -> None:
+    """``ncclLaunchKernel`` for one task: hand the proxy its ops (``ncclProxySaveOp``: ``task.counts`` is
+    [(connector, steps)]), run every channel's work (``compiled``: the task's ``ll_compiled`` form instead of the
+    primitives), then wait until the proxy has handed this collective's last sends to the network
+    (``conns.wait_sent``: a Python proxy cannot send while the caller's next C call keeps the GIL)."""
+    plan = task.plan
     proxy_ops = []
-    if proxy_counts:
-        proxy_ops = conns.save_ops(proxy_counts, plan.proto, slice_steps, chunk_steps, kernel.tracer,
+    if task.counts:
+        proxy_ops = conns.save_ops(task.counts, plan.proto, task.slice_steps, task.chunk_steps, kernel.tracer,
                                    kernel.op_count)
-    kernel.run(channel_works(kernel, plan, channels, nranks, sendbuff, recvbuff, redop, root, in_place, chunk_steps,
-                             slice_steps))
+    if compiled is not None:
+        ll_compiled.run(kernel, compiled, sendbuff, recvbuff, task.op, task.sig)
+    else:
+        kernel.run(channel_works(kernel, plan, channels, nranks, sendbuff, recvbuff, task.redop, task.root, in_place,
+                                 task.chunk_steps, task.slice_steps))
     if proxy_ops:
         kernel.run([conns.wait_sent(kernel, proxy_ops)])
 

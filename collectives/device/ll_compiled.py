@@ -1,0 +1,383 @@
+"""LL ring collectives in one compiled call: the same primitive calls as ``runRing<T, RedOp, ProtoLL>``
+(NCCL ``src/device/all_reduce.h`` & co. over ``src/device/prims_ll.h``), executed by one numba function.
+
+The readable path is the generator algorithms (``all_reduce.run_ring`` ...) over ``prims_ll.PrimitivesLL``.  This
+module does not restate the algorithms: ``record`` runs the very same ``run_ring`` against a recorder and keeps the
+list of primitive calls it makes (``send``, ``recv_reduce_send``, ...: offsets, element counts, recv/send), once
+per plan.  ``run_ops`` then executes that list per channel, doing what ``PrimitivesLL.generic_op`` does for each
+call: ``waitSend`` on head, ``readLL`` of every line of the recv slot until both flags of each line are the step's,
+the reduction ``fn(local, peer)``, the store to the output, ``storeLL`` of every line with the step's flag (and
+``incSend``'s cleanup on clean-mask steps, and ``connFifo`` for a proxied connection), then ``postRecv`` on head.
+Same memory, flags, step counters and summation order, so results are bitwise the readable path's; the tests
+(``tests/test_ll_compiled.py``) run both on the same inputs and compare bit patterns.
+
+Everything ``run_ops`` touches is in one int64 control array (``ctl``: the parameters, this call's signature, and
+per channel the addresses of its FIFOs, head, tail marks, staging and step counters plus where it stands), so a
+call costs three arguments; the kernel maps the addresses with ``numba.carray``.
+
+It runs when the plan is Ring/LL, nothing is traced (the trace needs the readable path's events), the type is one
+numba computes natively (not float16/bfloat16) and the op is not avg; ``NCCLLAB_LL_COMPILED=0`` turns it off.  The
+communicator says at INFO which one runs.  ``run_ops`` spins at most ``max_idle`` rounds without progress, then
+returns what each channel waits for, so that the kernel's wait policy (yield, futex sleep, health checks, deadline,
+hang report) stays the one in ``common.Kernel``.
+Deliberate difference: NCCL has only the compiled kernel; this one exists because the Python primitives cost tens
+of microseconds per call, which hides what LL is for (small-message latency).
+"""
+from __future__ import annotations
+
+import platform
+
+import numba
+import numpy as np
+from numba.extending import intrinsic
+
+from include.device import LL_CLEAN_MASK, LL_FLAG_MOD
+from misc.param import env_int
+from tracing import debug
+
+
+# Columns of one recorded call.
+REC, SND, SRC, DST, NELEM, FROM_OUT, PRIM = range(7)
+# The control array: a header, then one row per channel (addresses first, then where the channel stands).
+(STEP_BYTES, FLAG_MOD, CLEAN_MASK, OPCODE, MAX_IDLE, IS_FLOAT, NCH, MY_DESC, PROG, CANON, SIG) = range(11)
+HEADER = 20  # SIG takes 6 words: [opCount + 1, function, count, datatype, op, root]
+(RWORDS, SWORDS, SHEAD, RHEAD, RSTAGE, SSTAGE, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, FIFO, PDESC, RSTEP_W,
+ SSTEP_W, FIRST, END, PC, LINES, RSTEP, SSTEP, CHECKED, WAIT, WSTEP, CREDIT) = range(23)
+COLS = 23
+WAIT_HEAD, WAIT_FLAG, WAIT_MISMATCH = 1, 2, 3
+DONE, BLOCKED, MISMATCH = 0, 1, 2
+PRIMS = ["send", "send_from_output", "copy_send", "recv", "recv_reduce_send", "recv_reduce_copy",
+         "recv_reduce_copy_send", "recv_copy_send"]
+OPCODES = {"sum": 0, "prod": 1, "max": 2, "min": 3}
+SUPPORTED = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float32,
+                                   np.float64)}
+CANONICAL_NAN = {4: 0x7FFFFFFF, 8: 0x7FFFFFFFFFFFFFFF}  # what min/max of two NaNs give (see reduce_copy)
+
+# libc's syscall(2), resolved by name when numba links (a ctypes pointer would stop numba caching the kernel).
+_syscall = numba.types.ExternalFunction("syscall", numba.int64(*[numba.int64] * 7))
+_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), -1)
+
+
+def enabled() -> bool:
+    return env_int("NCCLLAB_LL_COMPILED", 1) != 0
+
+
+def eligible(plan, dtype: np.dtype, redop_name: str, tracing: bool) -> bool:
+    """Whether a call runs here rather than through the readable primitives."""
+    return (plan.proto == "LL" and plan.algo == "Ring" and not tracing and np.dtype(dtype) in SUPPORTED
+            and (redop_name in OPCODES or plan.func in ("AllGather", "Broadcast")) and enabled())
+
+
+class _Recorder:
+    """Stands in for a primitives object: each named primitive appends one row and moves nothing."""
+
+    def __init__(self, esize: int):
+        self.esize, self.rows = esize, []
+
+    def _add(self, prim: str, recv: int, send: int, src, dst, nelem: int, from_output: int = 0):
+        self.rows.append((recv, send, -1 if src is None else src, -1 if dst is None else dst, max(nelem, 0),
+                          from_output, PRIMS.index(prim)))
+        return iter(())
+
+    def send(self, inp, n):
+        return self._add("send", 0, 1, inp, None, n)
+
+    def send_from_output(self, out, n):
+        return self._add("send_from_output", 0, 1, out, None, n, 1)
+
+    def copy_send(self, inp, out, n):
+        return self._add("copy_send", 0, 1, inp, out, n)
+
+    def recv(self, out, n):
+        return self._add("recv", 1, 0, None, out, n)
+
+    def recv_reduce_send(self, inp, n):
+        return self._add("recv_reduce_send", 1, 1, inp, None, n)
+
+    def recv_reduce_copy(self, inp, out, n, post_op=False):
+        return self._add("recv_reduce_copy", 1, 0, inp, out, n)
+
+    def recv_reduce_copy_send(self, inp, out, n, post_op=False):
+        return self._add("recv_reduce_copy_send", 1, 1, inp, out, n)
+
+    def recv_copy_send(self, out, n):
+        return self._add("recv_copy_send", 1, 1, None, out, n)
+
+
+def record(run, ring, work, nranks: int, root: int, in_place: bool, esize: int) -> np.ndarray:
+    """The primitive calls that ``run`` (a function's ``runRing``, ``launch.RING``) makes for one channel's work,
+    as rows of ``REC..PRIM``."""
+    rec = _Recorder(esize)
+    for _ in run(rec, ring, work, nranks, root, in_place):
+        pass
+    return np.array(rec.rows, np.int64).reshape(-1, 7)
+
+
+class Compiled:
+    """One plan of one communicator, ready to run: the recorded calls of every channel and the memory they use."""
+
+    def __init__(self, plan, run, channels: list, nranks: int, root: int, in_place: bool, dtype: np.dtype,
+                 pages: dict, my_page):
+        progs = [record(run, channels[w.channel].ring, w, nranks, root, in_place, dtype.itemsize)
+                 for w in plan.works]
+        self.prog = np.ascontiguousarray(np.concatenate(progs), np.int64)
+        self.channels = [channels[w.channel] for w in plan.works]
+        self.keep = [self.prog]  # everything whose address is in ctl stays alive as long as this object
+        ctl = self.ctl = np.zeros(HEADER + COLS * len(self.channels), np.int64)
+        addr = lambda a: self.keep.append(a) or a.__array_interface__["data"][0]  # noqa: E731
+        first = 0
+        for c, (ch, prog) in enumerate(zip(self.channels, progs)):
+            rc, sc = ch.recv, ch.send
+            nwords = rc.step_size("LL") // 2 // 8
+            page = pages.get(rc.peer)
+            row = ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
+            row[[RWORDS, SWORDS, SHEAD, RHEAD, RSTAGE, SSTAGE, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, RSTEP_W,
+                 SSTEP_W]] = [addr(rc.words["LL"]), addr(sc.words["LL"]), addr(sc.head), addr(rc.head),
+                              addr(rc.staging("LL", nwords)), addr(sc.staging("LL", nwords)), addr(sc.tail_sleep),
+                              addr(sc.doorbell), addr(rc.head_sleep), addr(rc.step_word), addr(sc.step_word)]
+            row[FIFO] = addr(sc.conn_fifo) if sc.conn_fifo is not None else 0  # proxied (NET): tell the proxy
+            row[PDESC] = addr(page.desc) if page is not None else 0  # a remote peer has no page to compare
+            row[FIRST], row[END] = first, first + len(prog)
+            first += len(prog)
+        ctl[[STEP_BYTES, FLAG_MOD, CLEAN_MASK, IS_FLOAT, NCH, MY_DESC, PROG]] = [
+            self.channels[0].recv.step_size("LL"), LL_FLAG_MOD, LL_CLEAN_MASK, dtype.kind == "f",
+            len(self.channels), addr(my_page.desc), addr(self.prog)]
+        ctl[CANON] = np.array(CANONICAL_NAN.get(dtype.itemsize, 0), np.uint64).view(np.int64)
+
+    def run(self, inp: np.ndarray, out: np.ndarray, sig: np.ndarray, opcode: int, max_idle: int) -> int:
+        """Start the call (publish ``sig``, load the step counters) and run it until done or blocked."""
+        ctl = self.ctl
+        ctl[SIG:SIG + 6] = sig
+        ctl[OPCODE], ctl[MAX_IDLE] = opcode, max_idle
+        return run_ops(ctl, inp, out, 1)
+
+    def resume(self, inp: np.ndarray, out: np.ndarray) -> int:
+        return run_ops(self.ctl, inp, out, 0)
+
+    def row(self, c: int) -> np.ndarray:
+        return self.ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
+
+    def progress(self) -> int:
+        """Primitive calls done so far, over every channel (``Kernel.progress`` counts them)."""
+        return sum(int(self.row(c)[PC] - self.row(c)[FIRST]) for c in range(len(self.channels)))
+
+    def describe(self, c: int) -> tuple | None:
+        """What channel ``c`` waits for, as ``Kernel.waiting`` records it (None once it is done)."""
+        row, ch = self.row(c), self.channels[c]
+        if row[PC] >= row[END]:
+            return None
+        prim = PRIMS[self.prog[row[PC], PRIM]]
+        if row[WAIT] == WAIT_HEAD:
+            return ("head", ch.send.peer, int(row[WSTEP]), ch.send.head, ch.send.head_sleep, prim)
+        return ("LL flag", ch.recv.peer, int(row[WSTEP]), ch.recv.doorbell, ch.recv.tail_sleep, prim)
+
+
+class Cache:
+    """A communicator's ``Compiled`` plans, by (plan, root, in-place, datatype)."""
+
+    def __init__(self, channels: list, nranks: int, pages: dict, my_page, rank: int = 0):
+        self.channels, self.nranks, self.pages, self.my_page = channels, nranks, pages, my_page
+        self.plans: dict = {}
+        if rank == 0:
+            debug.info("INIT", "LL ring collectives run compiled (collectives/device/ll_compiled.py)" if enabled()
+                       else "LL ring collectives run the readable primitives (NCCLLAB_LL_COMPILED=0)")
+
+    def get(self, plan, run, root: int, in_place: bool, dtype: np.dtype, op: str, tracing: bool):
+        """The compiled form of this call, or None when the readable path runs it (see ``eligible``)."""
+        if not eligible(plan, dtype, op, tracing):
+            return None
+        key = (plan, root, in_place, dtype)
+        got = self.plans.get(key)
+        if got is None:
+            if len(self.plans) > 1024:
+                self.plans.clear()
+            got = self.plans[key] = Compiled(plan, run, self.channels, self.nranks, root, in_place, np.dtype(dtype),
+                                             self.pages, self.my_page)
+        return got
+
+
+def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, op: str, sig: np.ndarray) -> None:
+    """The kernel for one compiled call.  Most calls end in the first try; a blocked one lets ``Kernel.run`` wait
+    between tries (yield or sleep, check the peers and the deadline, write the hang report)."""
+    status = compiled.run(inp, out, sig, OPCODES.get(op, 0), 64 if kernel.sleep else 4096)
+    if status != DONE:
+        kernel.run([_resume(kernel, compiled, inp, out, status)])
+
+
+def _resume(kernel, compiled: Compiled, inp, out, status: int):
+    """A kernel work item: record what each channel waits for, yield, try again."""
+    while True:
+        if status == MISMATCH:  # the readable check raises, naming both calls
+            c = next(c for c in range(len(compiled.channels)) if compiled.row(c)[WAIT] == WAIT_MISMATCH)
+            kernel.check_peer_op(compiled.channels[c].recv.peer)
+        kernel.progress = compiled.progress()
+        for c, ch in enumerate(compiled.channels):
+            what = compiled.describe(c)
+            if what is not None:
+                kernel.wait_state[(ch.id, 0)] = what
+        yield
+        status = compiled.resume(inp, out)
+        if status == DONE:
+            kernel.progress += 1
+            return
+
+
+@intrinsic
+def _ptr(typingctx, addr):
+    """An int64 address as a pointer, for ``numba.carray``."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(numba.types.voidptr))
+    return numba.types.voidptr(numba.types.int64), codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def _wake(addr):
+    _syscall(_SYS_FUTEX, addr, 1, 0x7FFFFFFF, 0, 0, 0)
+
+
+@numba.njit(nogil=True, cache=True)
+def _fn(a, b, opcode, is_float, canon):
+    """``fn(local, peer)`` exactly as ``reduce_copy`` computes it (fmin/fmax for floats, canonical NaN)."""
+    if opcode == 0:
+        return a + b
+    if opcode == 1:
+        return a * b
+    if is_float:
+        if a != a and b != b:
+            return canon
+        if a != a:
+            return b
+        if b != b:
+            return a
+    if opcode == 2:
+        return a if a > b else b
+    return a if a < b else b
+
+
+@numba.njit(nogil=True, cache=True)
+def run_ops(ctl, inp, out, starting):
+    """Execute every channel's recorded calls, round-robin, until all are done (DONE), none has moved for
+    ``MAX_IDLE`` rounds (BLOCKED: each channel's row says what it waits for), or a peer runs another call
+    (MISMATCH).  ``starting``: publish the signature and load the step counters first."""
+    step_bytes, flag_mod, clean_mask = ctl[STEP_BYTES], ctl[FLAG_MOD], ctl[CLEAN_MASK]
+    opcode, max_idle, is_float, nch = ctl[OPCODE], ctl[MAX_IDLE], ctl[IS_FLOAT], ctl[NCH]
+    words_per_slot, lines_per_slot = step_bytes // 8, step_bytes // 16
+    esize = out.itemsize
+    nwords = words_per_slot // 2
+    low, sh = np.uint64(0xFFFFFFFF), np.uint64(32)
+    canon = numba.carray(_ptr(ctl[CANON:].ctypes.data), 1, out.dtype)[0]
+    sig = ctl[SIG:SIG + 6]
+    prog = numba.carray(_ptr(ctl[PROG]), (ctl[HEADER + COLS * (nch - 1) + END], 7), np.int64)
+    if starting:
+        desc = numba.carray(_ptr(ctl[MY_DESC]), 64 * 8, np.int64)
+        row = (sig[0] - 1) % 64 * 8  # publish this rank's call before any data moves (status.py's layout)
+        for k in range(1, 6):
+            desc[row + k] = sig[k]
+        desc[row] = sig[0]
+        for c in range(nch):
+            st = ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
+            st[PC], st[LINES], st[WAIT], st[CREDIT], st[CHECKED] = st[FIRST], 0, 0, 0, st[PDESC] == 0
+            st[RSTEP] = numba.carray(_ptr(st[RSTEP_W]), 1, np.int64)[0]
+            st[SSTEP] = numba.carray(_ptr(st[SSTEP_W]), 1, np.int64)[0]
+    idle = 0
+    while True:
+        remaining, moved = 0, False
+        for c in range(nch):
+            st = ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
+            if st[PC] >= st[END]:
+                continue
+            rwords = numba.carray(_ptr(st[RWORDS]), 8 * words_per_slot, np.uint64)
+            swords = numba.carray(_ptr(st[SWORDS]), 8 * words_per_slot, np.uint64)
+            shead = numba.carray(_ptr(st[SHEAD]), 1, np.uint64)
+            rst = numba.carray(_ptr(st[RSTAGE]), nwords, np.uint64)
+            sst = numba.carray(_ptr(st[SSTAGE]), nwords, np.uint64)
+            rt = numba.carray(_ptr(st[RSTAGE]), nwords * 8 // esize, out.dtype)
+            stt = numba.carray(_ptr(st[SSTAGE]), nwords * 8 // esize, out.dtype)
+            while st[PC] < st[END]:
+                op = prog[st[PC]]
+                recv, send, src, dst, nelem, from_out = op[REC], op[SND], op[SRC], op[DST], op[NELEM], op[FROM_OUT]
+                nbytes = nelem * esize
+                nlines = (nbytes + 7) // 8
+                if send and st[CREDIT] == 0:  # waitSend: at most NCCL_STEPS steps ahead of the reader
+                    if shead[0] + np.uint64(8) < np.uint64(st[SSTEP] + 1):
+                        st[WAIT], st[WSTEP] = WAIT_HEAD, st[SSTEP]
+                        break
+                    st[CREDIT] = 1
+                if recv:  # readLL: every line carries the step's flag in both halves
+                    step = st[RSTEP]
+                    flag = np.uint64((step + 1) % flag_mod)
+                    base = (step % 8) * words_per_slot
+                    i = st[LINES]
+                    while i < nlines:
+                        w0 = rwords[base + 2 * i]
+                        w1 = rwords[base + 2 * i + 1]
+                        if (w0 >> sh) != flag or (w1 >> sh) != flag:
+                            break
+                        rst[i] = (w0 & low) | (w1 << sh)
+                        i += 1
+                    st[LINES] = i
+                    if i < nlines:
+                        st[WAIT], st[WSTEP] = WAIT_FLAG, step
+                        break
+                    if nbytes > 0 and st[CHECKED] == 0:  # the peer's first data: is it running the same call?
+                        pdesc = numba.carray(_ptr(st[PDESC]), 64 * 8, np.int64)
+                        prow = (sig[0] - 1) % 64 * 8
+                        for k in range(6):
+                            if pdesc[prow + k] != sig[k]:
+                                st[WAIT] = WAIT_MISMATCH
+                                return MISMATCH
+                        st[CHECKED] = 1
+                # reduceCopy: acc = fn(local, peer) element by element, to the output and the send staging
+                if send and nbytes % 8:
+                    sst[nbytes // 8] = 0  # the padding of the last 8-byte unit goes out as zeros
+                for e in range(nelem):
+                    if src >= 0:
+                        a = out[src + e] if from_out else inp[src + e]
+                        v = _fn(a, rt[e], opcode, is_float, canon) if recv else a
+                    else:
+                        v = rt[e]
+                    if dst >= 0:
+                        out[dst + e] = v
+                    if send:
+                        stt[e] = v
+                if send:  # storeLL, incSend's cleanup, then the reader's doorbell if it sleeps
+                    step = st[SSTEP]
+                    flag = np.uint64((step + 1) % flag_mod) << sh
+                    base = (step % 8) * words_per_slot
+                    clean = (step & clean_mask) == clean_mask
+                    if st[FIFO]:
+                        numba.carray(_ptr(st[FIFO]), 8, np.int64)[step % 8] = step_bytes if clean else nlines * 16
+                    for i in range(nlines):
+                        v64 = sst[i]
+                        swords[base + 2 * i] = (v64 & low) | flag
+                        swords[base + 2 * i + 1] = (v64 >> sh) | flag
+                    if clean:
+                        for i in range(nlines, lines_per_slot):
+                            swords[base + 2 * i] = flag
+                            swords[base + 2 * i + 1] = flag
+                    if numba.carray(_ptr(st[S_TAILSLEEP]), 1, np.uint32)[0]:
+                        numba.carray(_ptr(st[S_DOORBELL]), 1, np.uint32)[0] += np.uint32(1)
+                        _wake(st[S_DOORBELL])
+                    st[SSTEP] += 1
+                if recv:  # postRecv: free the slot, wake the sender if it sleeps on head
+                    st[RSTEP] += 1
+                    numba.carray(_ptr(st[RHEAD]), 1, np.uint64)[0] = np.uint64(st[RSTEP])
+                    if numba.carray(_ptr(st[R_HEADSLEEP]), 1, np.uint32)[0]:
+                        _wake(st[RHEAD])
+                st[PC] += 1
+                st[LINES] = 0
+                st[CREDIT] = 0
+                moved = True
+            if st[PC] < st[END]:
+                remaining += 1
+            else:  # the primitives' destructor: save the step counters for the next collective
+                numba.carray(_ptr(st[RSTEP_W]), 1, np.int64)[0] = st[RSTEP]
+                numba.carray(_ptr(st[SSTEP_W]), 1, np.int64)[0] = st[SSTEP]
+        if remaining == 0:
+            return DONE
+        if moved:
+            idle = 0
+        else:
+            idle += 1
+            if idle >= max_idle:
+                return BLOCKED

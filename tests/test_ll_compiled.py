@@ -1,0 +1,70 @@
+"""The compiled LL path (``collectives/device/ll_compiled.py``) against the readable primitives: the same bits for
+every collective, type, op and odd size, edge values included, over SHM and over NET with its proxy, with ranks
+that sleep (more ranks than cores); a mismatch still named; and the INFO line that says which path runs."""
+import time
+
+import numpy as np
+import pytest
+
+from collectives import enqueue
+from collectives.device import ll_compiled
+from conftest import run_ranks
+from workers import ALL, Case
+
+
+def test_compiled_matches_readable_two_ranks_every_op():
+    case = Case(counts=[1, 7, 4099, 40_009], dtypes=["float32", "float64", "int8", "uint64"],
+                ops=["sum", "prod", "min", "max"], channels=2)
+    proc = run_ranks(2, "ll_paths", case.arg())
+    assert proc.stdout.count(" ok ") == 2, proc.stdout
+
+
+def test_compiled_matches_readable_over_net_with_sleeping_ranks():
+    # 4 ranks on 2 emulated nodes: NET (proxy thread reading the flags and connFifo) between them, SHM inside;
+    # more ranks than this machine's 2 cores, so blocked ranks sleep on the doorbell and head.
+    case = Case(counts=[3, 5000, 65_537], dtypes=["float32", "int32"], ops=["sum", "max"], channels=1, colls=ALL)
+    proc = run_ranks(4, "ll_paths", case.arg(), nodes=2)
+    assert proc.stdout.count(" ok ") == 4, proc.stdout
+
+
+def test_mismatch_is_still_named_on_the_compiled_path():
+    t0 = time.monotonic()
+    proc = run_ranks(3, "mismatch", "count", env={"NCCLLAB_TIMEOUT": "20", "NCCL_PROTO": "LL"}, check=False,
+                     timeout=120)
+    assert proc.returncode != 0 and "unexpected success" not in proc.stdout
+    assert "collective mismatch" in proc.stderr and "rank 1" in proc.stderr, proc.stderr[-3000:]
+    assert time.monotonic() - t0 < 20
+
+
+@pytest.mark.parametrize("mode,line", [("1", "LL ring collectives run compiled"),
+                                       ("0", "LL ring collectives run the readable primitives")])
+def test_info_line_says_which_path_runs(mode, line):
+    proc = run_ranks(2, "bitwise", Case(counts=[5], dtypes=["float32"], colls=["allreduce"]).arg(),
+                     env={"NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL", "NCCLLAB_LL_COMPILED": mode})
+    assert line in proc.stdout + proc.stderr
+
+
+def test_what_runs_compiled():
+    t = enqueue.default_tuning(2, 2, {"LL": 1 << 19, "LL128": 1 << 22, "Simple": 1 << 22})
+    ll = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Ring", "LL")
+    simple = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Ring", "Simple")
+    f32 = np.dtype(np.float32)
+    assert ll_compiled.eligible(ll, f32, "sum", tracing=False)
+    assert not ll_compiled.eligible(ll, f32, "avg", tracing=False)          # PreMulSum: readable path
+    assert not ll_compiled.eligible(ll, np.dtype(np.float16), "sum", False)  # no native half in numba
+    assert not ll_compiled.eligible(ll, f32, "sum", tracing=True)           # the trace needs every step's events
+    assert not ll_compiled.eligible(simple, f32, "sum", tracing=False)
+
+
+def test_recorded_calls_are_run_rings():
+    """The schedule is recorded from ``all_reduce.run_ring`` itself: 2(n-1)+1 calls per loop, NCCL's order."""
+    from collectives.device import launch
+    from collectives.graph.rings import setup_ring
+    t = enqueue.default_tuning(4, 1, {"LL": 1 << 19, "LL128": 1 << 22, "Simple": 1 << 22})
+    plan = enqueue.schedule_coll(t, "AllReduce", 64, 4, "Ring", "LL")
+    rows = ll_compiled.record(launch.RING["AllReduce"][0], setup_ring([0, 1, 2, 3], 1), plan.works[0], 4, -1,
+                              False, 4)
+    names = [ll_compiled.PRIMS[p] for p in rows[:, ll_compiled.PRIM]]
+    assert names == ["send", "recv_reduce_send", "recv_reduce_send", "recv_reduce_copy_send", "recv_copy_send",
+                     "recv_copy_send", "recv"]
+    assert rows[:, ll_compiled.NELEM].sum() == 7 * 16
