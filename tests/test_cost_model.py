@@ -137,6 +137,6 @@ def test_tuning_table_is_logged_in_nccl_format():
                      env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "TUNING"})
     lines = [ln for ln in proc.stdout.splitlines() if "NCCL INFO" in ln]
     assert any(ln.rstrip().endswith("|") and "AllReduce |" in ln and "/" in ln for ln in lines), lines[:10]
-    assert any(ln.endswith("AllReduce: 28 Bytes -> Algo Ring proto Simple channel{Lo..Hi}={0..0}") for ln in lines)
+    assert any(ln.endswith("AllReduce: 28 Bytes -> Algo Ring proto LL channel{Lo..Hi}={0..0}") for ln in lines)
     assert any(ln.endswith(" Max NThreads |" + "".join(f" {n:14d} |" for n in (512, 640, 512, 512, 640, 256, 0, 0,
                                                                                 640))) for ln in lines), lines[:10]

@@ -216,8 +216,8 @@ def test_algorithm_line_per_call_with_nccl_byte_count():
                      env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "TUNING"})
     lines = [ln.split("NCCL INFO ", 1)[1] for ln in proc.stdout.splitlines() if "Bytes -> Algo" in ln]
     # rank 0 only, once per call (out-of-place and in-place), count x type size; AllGather: the per-rank count
-    assert lines.count("AllReduce: 28 Bytes -> Algo Ring proto Simple channel{Lo..Hi}={0..0}") == 2, lines
-    assert lines.count("AllGather: 28 Bytes -> Algo Ring proto Simple channel{Lo..Hi}={0..0}") == 2, lines
+    assert lines.count("AllReduce: 28 Bytes -> Algo Ring proto LL channel{Lo..Hi}={0..0}") == 2, lines
+    assert lines.count("AllGather: 28 Bytes -> Algo Ring proto LL channel{Lo..Hi}={0..0}") == 2, lines
     assert sum(ln.startswith("AllReduce: 400000 Bytes -> Algo Ring proto Simple channel{Lo..Hi}={0..")
                for ln in lines) == 2, lines
 

@@ -219,7 +219,8 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
     """(algo, proto) by NCCL's ncclTopoTuneModel / ncclTopoGetAlgoTime / topoGetAlgoInfo, written again here for
     the lab's CPU machine (1 ring of 6 GB/s per search channel, path PHB, compute capability 0 so LL128 only when
     NCCL_PROTO names it, AMD x86; measured constants: base latency LL 25.9, LL128 30.3, Simple 23.3 us, 3 us per
-    step).  NCCL's default tables restated: llMaxBws, perChMaxTreeBws, perChMaxRing/TreeLL128Bws.  Only the
+    step inside a node, but Ring/LL, which runs compiled, 2.5 us and 1 us per step; across nodes, per step, Tree
+    LL/LL128 600, Simple 360, Ring LL/LL128 1155, Simple 860 us).  NCCL's default tables restated: llMaxBws, perChMaxTreeBws, perChMaxRing/TreeLL128Bws.  Only the
     tree correction factors are taken from the cost model (a table of NCCL constants, tested on its own)."""
     from collectives.graph.cost_model import TREE_CORRECTION
     f = np.float32
@@ -227,7 +228,6 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
     i2 = min(nodes - 1, 2)
     ll_max = (39.0, 39.0, 20.4)[i2] if nodes == 1 else (87.7, 22.5, 19.0)[i2]
     tree_max, ll128_max = (26.5, 18.5, 10.0)[i2], 20.0
-    base, hw = {"LL": 25.9, "LL128": 30.3, "Simple": 23.3}, 3.0
     best, best_t = None, float("inf")
     for algo in ("Tree", "Ring"):
         if algo == "Tree" and func != "AllReduce":
@@ -235,6 +235,11 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
         for p, proto in enumerate(("LL", "LL128", "Simple")):
             if (protos is None and proto == "LL128") or (protos is not None and proto not in protos):
                 continue
+            hw_of = lambda a, p=proto: 1.0 if (a, p) == ("Ring", "LL") else 3.0  # noqa: E731
+            net_of = lambda a, p=proto: {"Tree": 360.0 if p == "Simple" else 600.0,  # noqa: E731
+                                         "Ring": 860.0 if p == "Simple" else 1155.0}[a]
+            base = 2.5 if (algo, proto) == ("Ring", "LL") else {"LL": 25.9, "LL128": 30.3, "Simple": 23.3}[proto]
+            hw = hw_of(algo)
             bw = search * 6.0
             if algo == "Ring" and proto == "LL":
                 bw = min(ll_max, bw * .5)
@@ -247,15 +252,16 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
                 if proto == "LL128":
                     bw = min(bw * (7 / 9 if nodes == 1 else 120 / 128), search * ll128_max)
             bw = f(f(bw) * f(n / nsteps if algo == "Ring" else .5))
-            lat = base[proto]
+            lat = base
             if algo == "Ring" and func in ("Reduce", "Broadcast"):
-                lat += hw
+                lat += net_of("Ring") if nodes > 1 else hw
             elif algo == "Ring":
                 intra = max(hw, (2.0 * (3 if proto == "Simple" else 1)) if nodes > 1 else 0.0)
                 inter_steps = 0 if nodes == 1 else (2 * (nodes - 1) if func == "AllReduce" else nodes - 1)
-                lat += (nsteps - inter_steps) * intra + inter_steps * hw
+                inter = net_of("Tree" if n // nodes == 1 else "Ring")  # NCCL: one rank a node -> the tree's row
+                lat += (nsteps - inter_steps) * intra + inter_steps * inter
             else:
-                lat += 2 * ((n // nodes - 1) * hw + (nodes.bit_length() - 1) * hw)
+                lat += 2 * ((n // nodes - 1) * hw + (nodes.bit_length() - 1) * net_of("Tree"))
             log_size = (nbytes >> 6).bit_length() - 1
             if algo == "Tree" and 0 <= log_size < 23:
                 bw = f(bw * f(TREE_CORRECTION[p][log_size]))

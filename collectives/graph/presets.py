@@ -54,7 +54,8 @@ SOURCES = {
     "pcie-graph": "NVIDIA/nccl-tests#307 (8x RTX 4090 on PCIe): 'Pattern 4, crossNic 0, nChannels 1, bw "
                   "5.000000/5.000000, type SYS/PIX, sameChannels 1'.",
     "cpu-lab": "measured on this lab's 2-core machine with benchmarks/latency.py and allreduce_vs_mpi.py (n=2): "
-               "Simple 29 us, LL 32 us, LL128 36 us at 8 B; about 6 GB/s busbw per channel at 1-64 MiB.",
+               "Simple 29 us, LL 32 us, LL128 36 us at 8 B through the readable primitives; Ring/LL compiled "
+               "4.1-4.7 us at 8 B-1 KiB (2026-11-30); about 6 GB/s busbw per channel at 1-64 MiB.",
 }
 
 
@@ -80,10 +81,17 @@ def pcie_box(gpus: int = 8, comp_cap: int = 89) -> Machine:
 
 # This lab's transports: SHM through host memory (path PHB, so NCCL's PCI latency row), no GPU (compute
 # capability 0, so LL128 is off unless NCCL_PROTO names it).  The tuner constants are replaced by values measured
-# here, as a tuner plugin would: base latency + 3 us per ring or tree step, the same for Ring and Tree.
+# here, as a tuner plugin would: base latency + 3 us per ring or tree step inside a node, except Ring/LL, which
+# runs compiled (``device/ll_compiled``): 2.5 us + 1 us per step.  A step across emulated nodes goes through the
+# Python proxy thread on both sides: hundreds of microseconds with 4 ranks and their proxies on 2 cores (measured
+# with python -m collectives.ring -g 4 --nodes 2 -b 8 -e 8 per NCCL_ALGO/NCCL_PROTO, 2026-11-30: Tree/Simple
+# 750 us, Tree/LL 1228, Ring/Simple 1772, Ring/LL 2320; the NET row below is what those give per step).
+# Rows: Tree, Ring; columns: LL, LL128, Simple.
+_INTRA = ((3.0, 3.0, 3.0), (1.0, 3.0, 3.0), *((0, 0, 0),) * 5)
+_NET = ((600.0, 600.0, 360.0), (1155.0, 1155.0, 860.0), *((0, 0, 0),) * 5)
 CPU_CONSTANTS = TunerConstants(
-    base_latencies=((25.9, 30.3, 23.3), (25.9, 30.3, 23.3), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0)),
-    hw_latencies=tuple(tuple((3.0, 3.0, 3.0) if a < 2 else (0, 0, 0) for a in range(7)) for _ in range(3)),
+    base_latencies=((25.9, 30.3, 23.3), (2.5, 30.3, 23.3), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0)),
+    hw_latencies=(_INTRA, _INTRA, _NET),
 )
 
 
