@@ -90,14 +90,14 @@ def _inject(comm, kind: str) -> None:
 
 
 def fault(kind: str, nodes: str, _token: str = "") -> None:
-    """A stream of 1 MiB AllReduces on which the last rank (a NET peer of rank 0 with 2 nodes) does ``kind`` at a
+    """A stream of 1 MiB Ring AllReduces on which the last rank (a NET peer of rank 0 with 2 nodes) does ``kind`` at a
     random collective: sigkill / sigstop / close_socket mid-collective, corrupt_header / mismatch /
     skip_destroy before one.  ``shm_full`` and ``port_taken`` need nothing here: the test prepares the machine.
     Every rank prints ``DETECTED <time>`` when its collective fails."""
     set_node(int(nodes))
     if "PMI_RANK" in os.environ:
         announce_mpi_segments()
-    comm = collectives.Communicator()
+    comm = collectives.Communicator(algorithms="Ring")  # the ring's NET connection is the one the faults hit
     print(f"JOBSHM nccllab-{comm.tag}-\nJOBRANK {comm.rank} {os.getpid()}", flush=True)
     victim = comm.nranks - 1
     rng = np.random.default_rng()

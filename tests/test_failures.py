@@ -72,7 +72,7 @@ def test_early_warning_names_the_wait_and_the_report_path_is_printed(tmp_path):
     warns = [ln for ln in proc.stderr.splitlines() if "NCCL WARN" in ln and "NCCLLAB_WARN_AFTER" in ln]
     # ring 0 -> 1 -> 2: rank 2 waits for the absent rank 1, rank 0 for rank 2
     assert any(re.search(r"rank 2: AllReduce \(opCount 0\) has made no progress for 1 s \(NCCLLAB_WARN_AFTER\): "
-                         r"channel 0 step \d+ waiting for tail from rank 1", w) for w in warns), proc.stderr[-3000:]
+                         r"channel 0 step \d+ waiting for (tail|LL flag) from rank 1", w) for w in warns), proc.stderr[-3000:]
     assert len([w for w in warns if "rank 2:" in w]) == 1, warns  # once per stall, not every check
     paths = re.findall(r"hang report written to (\S+)", proc.stderr)
     assert paths and all(p.startswith(str(tmp_path)) for p in paths), proc.stderr[-3000:]
