@@ -214,10 +214,12 @@ class Proxy(threading.Thread):
         self.active: list = []  # connections with ops; only each one's oldest op progresses (messages stay in order)
         self.error: str | None = None
         self.stopping = False
+        self.posted = threading.Event()  # set by post(): an idle proxy sleeps on it
         sys.setswitchinterval(0.0002)  # the kernel loop and the proxy share the GIL: switch often
 
     def post(self, ops: list) -> None:
         self.pending.extend(ops)
+        self.posted.set()
 
     def idle(self) -> bool:
         return not self.pending and not self.active
@@ -225,6 +227,10 @@ class Proxy(threading.Thread):
     def run(self) -> None:
         idle = 0
         while not self.stopping:
+            if not self.pending and not self.active:  # nothing to do: sleep until ops come (NCCL waits on its
+                self.posted.wait(0.5)                    # pool's condition variable), costing the ranks no CPU
+                self.posted.clear()
+                continue
             while self.pending:
                 op = self.pending.popleft()
                 op.start()
@@ -256,6 +262,7 @@ class Proxy(threading.Thread):
 
     def stop(self) -> None:
         self.stopping = True
+        self.posted.set()
         if self.is_alive():
             self.join(timeout=2.0)
 

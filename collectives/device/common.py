@@ -87,7 +87,10 @@ class Kernel:
                 return futex.address(word), value, mark
         return None
 
-    def run(self, works: list[Iterator]) -> None:
+    def run(self, works: list[Iterator], spins_before_yield: int = SPINS_BEFORE_YIELD,
+            spins_before_sleep: int = SPINS_BEFORE_SLEEP) -> None:
+        """Step ``works`` round-robin until all end.  A blocked round spins, then yields the core, then (more
+        local ranks than cores) sleeps on the counter it waits for; the spin counts are the caller's to tune."""
         active = list(works)
         deadline_s, warn_s = timeout_s(), warn_after_s()
         warned = False
@@ -109,9 +112,9 @@ class Kernel:
                 warned = False
                 continue
             spins += 1
-            if spins < SPINS_BEFORE_YIELD:
+            if spins < spins_before_yield:
                 continue
-            if self.sleep and spins >= SPINS_BEFORE_SLEEP:
+            if self.sleep and spins >= spins_before_sleep:
                 if armed is None:
                     armed = self._arm()
                     if armed is not None:

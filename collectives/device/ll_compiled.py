@@ -199,9 +199,9 @@ class Cache:
 def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, op: str, sig: np.ndarray) -> None:
     """The kernel for one compiled call.  Most calls end in the first try; a blocked one lets ``Kernel.run`` wait
     between tries (yield or sleep, check the peers and the deadline, write the hang report)."""
-    status = compiled.run(inp, out, sig, OPCODES.get(op, 0), 64 if kernel.sleep else 4096)
-    if status != DONE:
-        kernel.run([_resume(kernel, compiled, inp, out, status)])
+    status = compiled.run(inp, out, sig, OPCODES.get(op, 0), 2 if kernel.sleep else 4096)
+    if status != DONE:  # more ranks than cores: yield at once, sleep after 30 rounds (measured best at n=8)
+        kernel.run([_resume(kernel, compiled, inp, out, status)], *((0, 30) if kernel.sleep else ()))
 
 
 def _resume(kernel, compiled: Compiled, inp, out, status: int):
@@ -228,6 +228,18 @@ def _ptr(typingctx, addr):
     def codegen(context, builder, signature, args):
         return builder.inttoptr(args[0], context.get_value_type(numba.types.voidptr))
     return numba.types.voidptr(numba.types.int64), codegen
+
+
+@intrinsic
+def _fence(typingctx):
+    """A full memory fence (x86 ``mfence``): a store before it is visible before any load after it.  Sleeping
+    needs it on both sides (Dekker): the poster stores its flag or head then loads the sleep mark; the sleeper
+    stores the mark (``Kernel._arm``) then loads the flags again.  Without it x86 may let each load pass its own
+    store, both miss, and the sleeper waits out its timeout."""
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return numba.types.none(), codegen
 
 
 @numba.njit(nogil=True, cache=True)
@@ -279,6 +291,7 @@ def run_ops(ctl, inp, out, starting):
             st[PC], st[LINES], st[WAIT], st[CREDIT], st[CHECKED] = st[FIRST], 0, 0, 0, st[PDESC] == 0
             st[RSTEP] = numba.carray(_ptr(st[RSTEP_W]), 1, np.int64)[0]
             st[SSTEP] = numba.carray(_ptr(st[SSTEP_W]), 1, np.int64)[0]
+    _fence()  # a sleeper's mark, stored before this call, is visible before we look at the flags again
     idle = 0
     while True:
         remaining, moved = 0, False
@@ -355,6 +368,7 @@ def run_ops(ctl, inp, out, starting):
                         for i in range(nlines, lines_per_slot):
                             swords[base + 2 * i] = flag
                             swords[base + 2 * i + 1] = flag
+                    _fence()  # the flags are visible before we read whether the reader sleeps
                     if numba.carray(_ptr(st[S_TAILSLEEP]), 1, np.uint32)[0]:
                         numba.carray(_ptr(st[S_DOORBELL]), 1, np.uint32)[0] += np.uint32(1)
                         _wake(st[S_DOORBELL])
@@ -362,6 +376,7 @@ def run_ops(ctl, inp, out, starting):
                 if recv:  # postRecv: free the slot, wake the sender if it sleeps on head
                     st[RSTEP] += 1
                     numba.carray(_ptr(st[RHEAD]), 1, np.uint64)[0] = np.uint64(st[RSTEP])
+                    _fence()
                     if numba.carray(_ptr(st[R_HEADSLEEP]), 1, np.uint32)[0]:
                         _wake(st[RHEAD])
                 st[PC] += 1
