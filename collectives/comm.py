@@ -174,6 +174,8 @@ class Communicator(api.Collectives):
         self._check()
         task = self._tasks.get((func, count, send.dtype, op, root))
         if task is None:
+            if len(self._tasks) > 4096:  # many distinct calls: start again rather than grow without bound
+                self._tasks.clear()
             task = self._tasks[(func, count, send.dtype, op, root)] = new_task(self, func, count, send.dtype, op,
                                                                                root)
         compiled = compiled_form(task, self._compiled, self.rank, send, recv, self.tracer is not None)

@@ -28,16 +28,19 @@ _GRAIN = {"Simple": 512, "LL": 16, "LL128": 1920}
 
 def _gpu_minmax(pick_larger: bool):
     """NCCL's float min/max (``fmaxf``/``fminf``, ``fmax``/``fmin``, ``__hmax``/``__hmin``): a NaN loses to a
-    number; two NaNs give the type's canonical NaN (sign 0, every exponent and mantissa bit set).  Integers: a plain
-    comparison."""
+    number; two NaNs give the type's canonical NaN (sign 0, every exponent and mantissa bit set); max(+0, -0) = +0
+    and min(+0, -0) = -0 in either order.  Integers: a plain comparison."""
     def fn(a, b):
         a, b = np.asarray(a), np.asarray(b)
         if a.dtype.kind in "iu":
             return np.maximum(a, b) if pick_larger else np.minimum(a, b)
         wide_a, wide_b = a.astype(np.float64), b.astype(np.float64)
         a_nan, b_nan = np.isnan(wide_a), np.isnan(wide_b)
-        better = wide_a >= wide_b if pick_larger else wide_a <= wide_b  # ties keep the first (no signed-zero rule)
+        better = wide_a >= wide_b if pick_larger else wide_a <= wide_b
         out = np.where(b_nan | (~a_nan & better), a, b).astype(a.dtype)
+        zeros = (wide_a == 0) & (wide_b == 0)  # +0 against -0: by sign, in either order (max +0, min -0)
+        if zeros.any():
+            out[zeros] = (a[zeros] + b[zeros]) if pick_larger else -(-a[zeros] - b[zeros])
         both = a_nan & b_nan
         if both.any():
             ubits = {2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize]

@@ -63,7 +63,7 @@ def test_recorded_calls_are_run_rings():
     t = enqueue.default_tuning(4, 1, {"LL": 1 << 19, "LL128": 1 << 22, "Simple": 1 << 22})
     plan = enqueue.schedule_coll(t, "AllReduce", 64, 4, "Ring", "LL")
     rows = ll_compiled.record(launch.RING["AllReduce"][0], setup_ring([0, 1, 2, 3], 1), plan.works[0], 4, -1,
-                              False, 4)
+                              False, 4, 32768)
     names = [ll_compiled.PRIMS[p] for p in rows[:, ll_compiled.PRIM]]
     assert names == ["send", "recv_reduce_send", "recv_reduce_send", "recv_reduce_copy_send", "recv_copy_send",
                      "recv_copy_send", "recv"]

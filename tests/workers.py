@@ -295,7 +295,8 @@ def auto_choice(args: list[str]) -> None:
 
 def nan_minmax(args: list[str]) -> None:
     """nan_minmax PROTOS(json): max and min of float32/float64/float16/bfloat16 inputs with NaNs (some elements
-    NaN on one rank, some on all), each protocol, bitwise against the reference (NaN dropped, two NaNs canonical)."""
+    NaN on one rank, some on all) and signed zeros, each protocol, bitwise against the reference (NaN dropped, two
+    NaNs canonical, a +0/-0 tie keeps the first operand)."""
     for proto in json.loads(args[0]):
         with collectives.Communicator(protocols=proto) as comm:
             n, r = comm.nranks, comm.rank
@@ -306,6 +307,7 @@ def nan_minmax(args: list[str]) -> None:
                     for q in range(n):
                         xs[q][q::n + 1] = np.nan   # NaN on one rank only
                         xs[q][n::n + 2] = np.nan   # NaN on every rank
+                        xs[q][1::n + 3] = -0.0 if q % 2 else 0.0  # +0 against -0: the first operand stays
                     for op in ("max", "min"):
                         kw = independent_config(comm, "AllReduce", count, dt)
                         assert kw["proto"] == proto
@@ -364,16 +366,15 @@ def api_forms(args: list[str]) -> None:
     print(f"rank {r} ok", flush=True)
 
 
-def edge_inputs(seed: int, n: int, count: int, dt, op: str = "sum") -> list[np.ndarray]:
+def edge_inputs(seed: int, n: int, count: int, dt) -> list[np.ndarray]:
     """Random inputs with the values where two implementations of an op part ways: NaN, +-0 and +-inf for
     floats, the full range for integers (overflow wraps).  The NaN is x86's default NaN (what inf - inf gives,
     0xFFC00000 for float32), so every NaN in play has the same bits: which operand's payload a NaN + NaN keeps
-    depends on the compiler's operand order (numpy's loops and numba's alike), and NCCL's GPUs canonicalise it.
-    For min and max no -0: which of +0 and -0 numpy's fmin returns differs between its vector loop and its tail."""
+    depends on the compiler's operand order (numpy's loops and numba's alike), and NCCL's GPUs canonicalise it."""
     rng = np.random.default_rng([seed, count])
     if dt.kind == "f":
         xs = [rng.standard_normal(count).astype(dt) for _ in range(n)]
-        specials = np.array([-np.nan, 0.0, np.inf, -np.inf] + ([] if op in ("min", "max") else [-0.0]), dt)
+        specials = np.array([-np.nan, 0.0, -0.0, np.inf, -np.inf], dt)
         for x in xs:
             mask = rng.random(count) < 0.2
             x[mask] = rng.choice(specials, int(mask.sum()))
@@ -402,7 +403,7 @@ def ll_paths(args: list[str]) -> None:
                         for count in case.counts:
                             nsend = count * n if coll.name == "ReduceScatter" else count
                             nrecv = count * n if coll.name == "AllGather" else count
-                            xs = edge_inputs(seed + count, n, nsend, dt, op)
+                            xs = edge_inputs(seed + count, n, nsend, dt)
                             for in_place in (False, True):
                                 buf = poisoned(max(nsend, nrecv), dt)
                                 send, out = coll.in_place(buf, r, count) if in_place else (xs[r].copy(), buf[:nrecv])

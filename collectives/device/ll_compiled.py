@@ -71,10 +71,12 @@ def eligible(plan, dtype: np.dtype, redop_name: str, tracing: bool) -> bool:
 class _Recorder:
     """Stands in for a primitives object: each named primitive appends one row and moves nothing."""
 
-    def __init__(self, esize: int):
-        self.esize, self.rows = esize, []
+    def __init__(self, esize: int, max_bytes: int):
+        self.esize, self.max_bytes, self.rows = esize, max_bytes, []
 
     def _add(self, prim: str, recv: int, send: int, src, dst, nelem: int, from_output: int = 0):
+        if nelem * self.esize > self.max_bytes:  # what PrimitivesLL.generic_op refuses; numba checks no bounds
+            raise ValueError(f"LL call of {nelem * self.esize} B exceeds one step ({self.max_bytes} B)")
         self.rows.append((recv, send, -1 if src is None else src, -1 if dst is None else dst, max(nelem, 0),
                           from_output, PRIMS.index(prim)))
         return iter(())
@@ -104,10 +106,10 @@ class _Recorder:
         return self._add("recv_copy_send", 1, 1, None, out, n)
 
 
-def record(run, ring, work, nranks: int, root: int, in_place: bool, esize: int) -> np.ndarray:
+def record(run, ring, work, nranks: int, root: int, in_place: bool, esize: int, max_bytes: int) -> np.ndarray:
     """The primitive calls that ``run`` (a function's ``runRing``, ``launch.RING``) makes for one channel's work,
-    as rows of ``REC..PRIM``."""
-    rec = _Recorder(esize)
+    as rows of ``REC..PRIM``; ``max_bytes``: what one LL step carries."""
+    rec = _Recorder(esize, max_bytes)
     for _ in run(rec, ring, work, nranks, root, in_place):
         pass
     return np.array(rec.rows, np.int64).reshape(-1, 7)
@@ -118,8 +120,8 @@ class Compiled:
 
     def __init__(self, plan, run, channels: list, nranks: int, root: int, in_place: bool, dtype: np.dtype,
                  pages: dict, my_page):
-        progs = [record(run, channels[w.channel].ring, w, nranks, root, in_place, dtype.itemsize)
-                 for w in plan.works]
+        progs = [record(run, channels[w.channel].ring, w, nranks, root, in_place, dtype.itemsize,
+                        channels[w.channel].recv.step_size("LL") // 2) for w in plan.works]
         self.prog = np.ascontiguousarray(np.concatenate(progs), np.int64)
         self.channels = [channels[w.channel] for w in plan.works]
         self.keep = [self.prog]  # everything whose address is in ctl stays alive as long as this object
@@ -261,6 +263,8 @@ def _fn(a, b, opcode, is_float, canon):
             return b
         if b != b:
             return a
+        if a == 0 and b == 0:  # +0 against -0: by sign in either order (reduce_copy.signed_zero)
+            return a + b if opcode == 2 else -(-a - b)
     if opcode == 2:
         return a if a > b else b
     return a if a < b else b

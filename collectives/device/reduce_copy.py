@@ -9,7 +9,8 @@ Each step is one numpy ufunc over a whole slice: no Python loop per element.  fp
 and round once, which is exactly the native ``__hadd``/``__hmul`` result (fp32 has more than 2p+2 bits).
 Min and max of floating types are NCCL's ``fminf``/``fmaxf`` (float), ``fmin``/``fmax`` (double) and
 ``__hmin``/``__hmax`` (half, bfloat16 on sm_80+): a NaN operand is dropped (max(NaN, 1) = 1), and two NaNs give the
-canonical NaN of the type (all mantissa bits set), as the GPU's min/max instructions return.  Integers compare.
+canonical NaN of the type (all mantissa bits set), as the GPU's min/max instructions return; max(+0, -0) is +0 and
+min(+0, -0) is -0 in either order (IEEE 754-2019's maximum/minimum; fmax leaves it open).  Integers compare.
 """
 from __future__ import annotations
 
@@ -93,15 +94,27 @@ class RedOp:
 
 
 def _minmax_nan_dropping(ufunc):
-    """fmin/fmax, then both-NaN results set to the canonical NaN (numpy would keep the first NaN's payload)."""
+    """fmin/fmax, then both-NaN results set to the canonical NaN (numpy would keep the first NaN's payload), and
+    +0 against -0 decided by sign, whatever the order: max gives +0, min gives -0 (``signed_zero``).  numpy's
+    vector loop and its scalar tail answer that tie differently, and NCCL's LL and Simple put the operands in
+    opposite orders, so only an order-free rule gives every path the same bits."""
     def apply(a, b, out):
+        zeros = (a == 0) & (b == 0)
+        tie = signed_zero(ufunc is np.fmax, a[zeros], b[zeros]) if zeros.any() else None  # before out (maybe a)
         with np.errstate(invalid="ignore"):
             ufunc(a, b, out=out)
+        if tie is not None:
+            out[zeros] = tie
         nan = out != out
         if nan.any():
             out.view(CANONICAL_NAN[out.dtype.itemsize].dtype)[nan] = CANONICAL_NAN[out.dtype.itemsize]
         return out
     return apply
+
+
+def signed_zero(larger: bool, a, b):
+    """max/min of two zeros by sign: +0 + -0 = +0 for max; -(-a - b) is -0 unless both are +0, for min."""
+    return a + b if larger else -(-a - b)
 
 
 _NAN_DROPPING = {name: _minmax_nan_dropping(uf) for name, uf in _FLOAT_MINMAX.items()}
