@@ -96,6 +96,13 @@ def new_comm(world, rng: np.random.Generator, nodes_choices: list[int], protos: 
     return comm, f"nodes={nodes} proto={proto or 'auto'} algo={algo or 'auto'} channels={comm.nchannels}"
 
 
+def out_of_time(world, t0: float, seconds: float, mpi) -> bool:
+    """Whether to stop, decided by every rank together.  Each rank's clock starts at a different moment: deciding
+    alone, one rank would leave after collective N while another entered collective N + 1 and waited for it (the
+    "rare soak hang" of the first version of this script)."""
+    return bool(world.allreduce(int(time.monotonic() - t0 > seconds), op=mpi.MAX))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("-g", "--nranks", type=int, default=4, help="ranks to start under mpirun (default 4)")
@@ -104,6 +111,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: fresh)")
     p.add_argument("--max-bytes", type=parse_size, default=parse_size("8M"), help="largest message (default 8M)")
     p.add_argument("--per-comm", type=int, default=25, help="collectives per communicator (default 25)")
+    p.add_argument("--clock-skew", type=float, default=0.0,
+                   help="start rank r's clock r x this many seconds late (checks that the ranks stop together)")
     p.add_argument("--nodes", type=int, nargs="*", help="node splits to draw from (default: 1, 2 and G)")
     p.add_argument("--protos", nargs="*", default=PROTOS, help="NCCL_PROTO values to draw from ('' = auto)")
     p.add_argument("--algos", nargs="*", default=ALGOS, help="NCCL_ALGO values to draw from ('' = auto)")
@@ -114,11 +123,12 @@ def main() -> int:
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     seed = world.bcast(a.seed if a.seed is not None else int.from_bytes(os.urandom(4), "little"))
+    time.sleep(a.clock_skew * world.rank)
     rng = np.random.default_rng(seed)  # the same draws on every rank
     nodes_choices = a.nodes or sorted({1, 2, world.size} - {0})
     t0, done, wrong, comms = time.monotonic(), 0, 0, 0
     comm = None
-    while done < a.count and not (a.seconds and time.monotonic() - t0 > a.seconds):
+    while done < a.count and not (a.seconds and out_of_time(world, t0, a.seconds, MPI)):
         if done % a.per_comm == 0:
             if comm is not None:
                 comm.destroy()
