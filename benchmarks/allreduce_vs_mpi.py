@@ -8,22 +8,13 @@ average per call; busbw = algbw * 2(n-1)/n as nccl-tests.
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.perf import parse_size
+from collectives.perf import parse_size, timed_across
 
-
-def timed(fn, iters: int, world) -> float:
-    world.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    dt = (time.perf_counter() - t0) / iters
-    return world.allreduce(dt) / world.size
 
 
 def goals(n: int, lab: list, mpi: list) -> None:
@@ -67,8 +58,8 @@ def main() -> None:
             for _ in range(2):
                 comm.all_reduce(x, out=out)
                 world.Allreduce(x, mout)
-            t_lab = timed(lambda: comm.all_reduce(x, out=out), iters, world)
-            t_mpi = timed(lambda: world.Allreduce(x, mout), iters, world)
+            t_lab = timed_across(lambda: comm.all_reduce(x, out=out), iters, world)
+            t_mpi = timed_across(lambda: world.Allreduce(x, mout), iters, world)
             if comm.rank == 0:
                 factor = 2 * (n - 1) / n
                 bl, bm = size / t_lab / 1e9 * factor, size / t_mpi / 1e9 * factor

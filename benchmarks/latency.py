@@ -8,23 +8,15 @@ interleaved per size.  Each figure is the mean over ranks of the average time pe
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.perf import parse_size
+from collectives.perf import parse_size, timed_across
 
 PROTOS = ("LL", "LL128", "Simple")
 
-
-def timed(fn, iters: int, world) -> float:
-    world.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return world.allreduce((time.perf_counter() - t0) / iters) / world.size
 
 
 def main() -> None:
@@ -50,7 +42,7 @@ def main() -> None:
         for fn in calls.values():
             for _ in range(3):
                 fn()
-        times = {name: timed(fn, iters, world) * 1e6 for name, fn in calls.items()}
+        times = {name: timed_across(fn, iters, world) * 1e6 for name, fn in calls.items()}
         if world.rank == 0:
             print(f"  {x.nbytes:>10} " + " ".join(f"{times[k]:>9.1f}" for k in calls) +
                   f"   {times['LL'] / times['MPI']:>6.1f}", flush=True)

@@ -14,23 +14,14 @@ import argparse
 import os
 import shutil
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives  # noqa: E402
 from collectives.launch import node_hostid, under_mpirun  # noqa: E402
-from collectives.perf import parse_size  # noqa: E402
+from collectives.perf import parse_size, timed_across  # noqa: E402
 
-
-def timed(fn, iters: int, world) -> float:
-    """Mean over ranks of the average time per call."""
-    world.Barrier()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    return world.allreduce((time.perf_counter() - t0) / iters) / world.size
 
 
 def communicator(world, nodes: int):
@@ -75,7 +66,7 @@ def main() -> int:
         for fn in calls.values():
             for _ in range(2):
                 fn()
-        t = {k: timed(fn, iters, world) for k, fn in calls.items()}
+        t = {k: timed_across(fn, iters, world) for k, fn in calls.items()}
         bw = {k: x.nbytes / v / 1e9 * factor for k, v in t.items()}
         rows.append((x.nbytes, t, bw))
         if world.rank == 0:

@@ -76,6 +76,16 @@ def sizes(args) -> list[int]:
     return out
 
 
+def timed_across(fn, iters: int, world) -> float:
+    """Seconds per call of ``fn``, the mean over the ranks of ``world`` (an mpi4py communicator) of each rank's
+    average over ``iters`` calls, after a barrier: what the side-by-side benchmarks report."""
+    world.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    return world.allreduce((time.perf_counter() - t0) / iters) / world.size
+
+
 def float_str(value: float, width: int) -> str:
     """nccl-tests' ``getFloatStr``: 2 decimals, then fewer, then an exponent, to fit ``width``."""
     for prec in (2, 1, 0):
