@@ -128,9 +128,10 @@ class Communicator(api.Collectives):
                 connect_trees(self.conns, self.channels)
         self.tracer = tracer_from_env(self.rank, self.describe())
         h = self.health
-        # sleep while blocked when ranks outnumber cores, or when a proxy thread must get the GIL to move our data
         self._kernel = Kernel(self.rank, 0, "", h.check, lambda peer: h.check_peer_op(peer, self.op_count),
-                              self.oversubscribed or bool(self.conns and self.conns.proxied), h.suspects, h.warn)
+                              self.oversubscribed, h.suspects, h.warn)
+        if self.conns is not None and self.conns.proxied:  # a blocked kernel moves its NET bytes itself
+            self._kernel.poll = self.conns.poll
         self._kernel.tracer = self.tracer
         self._compiled = ll_compiled.Cache(self.channels, self.nranks, h.pages, h.mine, self.rank)
         self._tasks: dict[tuple, Task] = {}

@@ -48,6 +48,11 @@ class Transport:
     def connected(self, state) -> None:
         """Every peer has connected (after the connect barrier)."""
 
+    def progress(self, state) -> bool:
+        """Ours: move this transport's proxied bytes from the rank's own thread while its kernel waits (NET's
+        proxy ops); False if nothing moved or nothing is proxied."""
+        return False
+
     def error(self, state) -> str | None:
         """A failure the transport found outside a kernel's waits (NET's proxy thread), or None."""
         return None

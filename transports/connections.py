@@ -82,6 +82,13 @@ class Connections:
         """A kernel work item that ends once every send op of ``ops`` is done (``net.wait_sent``)."""
         return wait_sent(kernel, [op for op in ops if op.nc.conn.is_send])
 
+    def poll(self) -> bool:
+        """While the kernel waits: each transport moves what it can from this thread (``Transport.progress``)."""
+        moved = False
+        for t, state in self.states.items():
+            moved |= t.progress(state)
+        return moved
+
     def error(self) -> str | None:
         return next((e for t, s in self.states.items() if (e := t.error(s))), None)
 

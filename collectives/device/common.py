@@ -54,6 +54,7 @@ class Kernel:
         self.wait_state: dict[tuple, tuple] = {}
         self._health = health
         self.check_peer_op = check_peer_op
+        self.poll: Callable[[], bool] | None = None  # moves proxied (NET) bytes from this thread while blocked
 
     def reset(self, op_count: int, func: str) -> None:
         """One kernel object serves a communicator's calls: this one is ``func`` at ``op_count``."""
@@ -112,6 +113,9 @@ class Kernel:
                 warned = False
                 continue
             spins += 1
+            if self.poll is not None and self.poll():
+                spins = 0
+                continue  # this rank moved NET bytes itself: look again at once
             if spins < spins_before_yield:
                 continue
             if self.sleep and spins >= spins_before_sleep:
