@@ -117,7 +117,8 @@ class Communicator(api.Collectives):
             debug.info("GRAPH", f"Ring {ch.id:02d} : {ch.ring.prev} -> {self.rank} -> {ch.ring.next}")
         debug.info("INIT", trees_log_line(self.rank, self.trees))
         self.health = Health(self.rank, self.nranks, self.tag, self.peer_info, self.bootstrap, self.local_ranks,
-                             lambda: self.conns.error() if self.conns is not None else None)
+                             lambda: self.conns.error() if self.conns is not None else None,
+                             lambda: self.conns.describe() if self.conns is not None else [])
         if self.nranks > 1:
             node = self.node_of_rank
             dev = lambda r: [q for q in range(self.nranks) if node[q] == node[r]].index(r)  # noqa: E731

@@ -40,9 +40,9 @@ def install_stack_dump() -> None:
 
 class Health:
     def __init__(self, rank: int, nranks: int, tag: str, peer_info: list[dict], bootstrap, local_ranks: list[int],
-                 transport_error: Callable[[], str | None]):
+                 transport_error: Callable[[], str | None], transport_state: Callable[[], list] = list):
         self.rank, self.nranks, self.tag, self.peer_info = rank, nranks, tag, peer_info
-        self.transport_error = transport_error
+        self.transport_error, self.transport_state = transport_error, transport_state
         self.signature: tuple = ()
         self.pages: dict[int, StatusPage] = {}
         self.mine = StatusPage.create(f"nccllab-{tag}-r{rank}-status")
@@ -153,7 +153,8 @@ class Health:
                  for (ch, _), (what, peer, step, _, _, prim) in sorted(kernel.wait_state.items())]
         last = [dict(kind=k, values=list(v)) for k, v in tracer.records[-8:]] if tracer is not None else []
         return {"rank": self.rank, "nranks": self.nranks, "pid": os.getpid(), "func": kernel.func,
-                "op_count": kernel.op_count, "waits": waits, "error": error, "last_events": last}
+                "op_count": kernel.op_count, "waits": waits, "error": error, "last_events": last,
+                "proxy": self.transport_state()}
 
     def destroyed(self, completed: int) -> None:
         """This rank destroyed its communicator after ``completed`` collectives: a peer waiting in a later one

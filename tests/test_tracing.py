@@ -77,6 +77,22 @@ def test_hang_report_names_the_stalled_rank(tmp_path):
     assert w["prim"] == "recv_reduce_send"
 
 
+def test_hang_report_over_net_shows_the_proxy_ops(tmp_path):
+    """Across nodes the report says where each proxy op stands (posted, transmitted, received, done), so a step
+    that left one rank and never reached the next shows on which side it stopped."""
+    proc = run_ranks(4, "stuck", "6", env={"NCCLLAB_TIMEOUT": "3", "NCCLLAB_HANG_DIR": str(tmp_path)},
+                     check=False, timeout=120, nodes=2)
+    assert proc.returncode != 0
+    reports = hang.load_reports(str(tmp_path))
+    # a rank waiting for NET data has a receive op posted that has received nothing of this step
+    stalled = [(r, p) for r, rep in reports.items() for p in rep["proxy"] for w in rep["waits"]
+               if p["dir"] == "recv" and p["peer"] == w["peer"] and p["posted"] > p["received"]]
+    assert stalled, {r: (rep["waits"], rep["proxy"]) for r, rep in reports.items()}
+    r, p = stalled[0]
+    assert any(line.startswith(f"rank {r} proxy: channel {p['channel']} recv rank {p['peer']}")
+               for line in hang.diagnose(str(tmp_path))["waits"])
+
+
 def test_net_proxy_ops_and_steps_are_traced(tmp_path):
     run_ranks(4, "traced_allreduce", "1", "300000", env={"NCCLLAB_TRACE": str(tmp_path), "NCCL_PROTO": "Simple",
                                                          "NCCL_ALGO": "Ring", "NCCL_MAX_NCHANNELS": "1"}, nodes=2)

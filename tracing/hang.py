@@ -69,6 +69,10 @@ def diagnose(directory: str) -> dict:
     lines = [f"rank {r} {rep['func']} opCount {rep['op_count']}: " +
              "; ".join(f"channel {w['channel']} {w['prim']} step {w['step']} slot {w['slot']} waits for "
                        f"{w['what']} from rank {w['peer']}" for w in rep["waits"]) for r, rep in sorted(reports.items())]
+    lines += [f"rank {r} proxy: channel {p['channel']} {p['dir']} rank {p['peer']} {p['proto']} steps "
+              f"{p['base']}+{p['nsteps']}: posted {p['posted']} transmitted {p['transmitted']} received "
+              f"{p['received']} done {p['done']}" + (f" ({p['queued_ops']} ops queued)" if p['queued_ops'] > 1 else "")
+              for r, rep in sorted(reports.items()) for p in rep.get("proxy", [])]
     if silent:
         culprit = silent[0]
         who = [r for r, p, _ in waits if p == culprit]

@@ -53,6 +53,10 @@ class Transport:
         proxy ops); False if nothing moved or nothing is proxied."""
         return False
 
+    def describe(self, state) -> list[dict]:
+        """Ours: where the transport's in-flight work stands (NET: each proxy op's counters), for hang reports."""
+        return []
+
     def error(self, state) -> str | None:
         """A failure the transport found outside a kernel's waits (NET's proxy thread), or None."""
         return None

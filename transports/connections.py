@@ -89,6 +89,10 @@ class Connections:
             moved |= t.progress(state)
         return moved
 
+    def describe(self) -> list[dict]:
+        """Every transport's in-flight work (``Transport.describe``), for a hang report."""
+        return [entry for t, state in self.states.items() for entry in t.describe(state)]
+
     def error(self) -> str | None:
         return next((e for t, s in self.states.items() if (e := t.error(s))), None)
 

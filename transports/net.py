@@ -279,6 +279,21 @@ class Proxy(threading.Thread):
         finally:
             self.lock.release()
 
+    def describe(self) -> list[dict]:
+        """Where each active connection's oldest op stands, for a hang report (read without the lock: a snapshot
+        taken under the interpreter lock, good enough to see which side stopped)."""
+        out = []
+        for nc in list(self.active):
+            ops = list(nc.ops)
+            if not ops:
+                continue
+            op = ops[0]
+            out.append({"channel": nc.channel, "peer": nc.conn.peer, "dir": "send" if nc.conn.is_send else "recv",
+                        "proto": op.proto, "base": op.base, "nsteps": op.nsteps, "posted": op.posted,
+                        "transmitted": op.transmitted, "received": op.received, "done": op.done,
+                        "queued_ops": len(ops)})
+        return out
+
     def stop(self) -> None:
         self.stopping = True
         self.posted.set()
@@ -341,6 +356,9 @@ class NetTransport(Transport):
 
     def progress(self, state: NetState) -> bool:
         return state.proxy.progress() if state.proxy is not None else False
+
+    def describe(self, state: NetState) -> list[dict]:
+        return state.proxy.describe() if state.proxy is not None else []
 
     def error(self, state: NetState) -> str | None:
         return state.proxy.error if state.proxy is not None else None
