@@ -20,6 +20,8 @@ numba computes natively (not float16/bfloat16) and the op is not avg; ``NCCLLAB_
 communicator says at INFO which one runs.  ``run_ops`` spins at most ``max_idle`` rounds without progress, then
 returns what each channel waits for, so that the kernel's wait policy (yield, futex sleep, health checks, deadline,
 hang report) stays the one in ``common.Kernel``.
+One place the two paths may part: user buffers that partly overlap at an offset (undefined in NCCL too), which the
+element loop here and numpy's buffered ufuncs there resolve differently; exact in-place calls agree.
 Deliberate difference: NCCL has only the compiled kernel; this one exists because the Python primitives cost tens
 of microseconds per call, which hides what LL is for (small-message latency).
 """
