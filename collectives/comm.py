@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from include.protocols import PROTOCOLS
+from misc.futex import address
 from misc.param import env_str
 from misc.shm_segment import ShmError
 from tracing import debug
@@ -37,7 +38,7 @@ from .graph.rings import parse_rings, ring_log_line, ring_orders
 from .graph.trees import trees_log_line
 from .health import Health
 from .peers import buffer_sizes, exchange
-from .task import IN_PLACE_MATTERS, Task, addr as _addr, compiled_form, in_place, new_task
+from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
 
 
 
@@ -180,11 +181,12 @@ class Communicator(api.Collectives):
                 self._tasks.clear()
             task = self._tasks[(func, count, send.dtype, op, root)] = new_task(self, func, count, send.dtype, op,
                                                                                root)
-        compiled = compiled_form(task, self._compiled, self.rank, send, recv, self.tracer is not None)
+        placed = in_place(func, self.rank, send, recv)
+        compiled = compiled_form(task, self._compiled, placed, send, self.tracer is not None)
         self.health.publish(self.op_count, task.signature, task.sig, python=compiled is None)
         if self._log_coll:
-            debug.info("COLL", f"{func}: opCount {self.op_count:x} sendbuff {hex(_addr(send))} recvbuff "
-                               f"{hex(_addr(recv))} count {count} datatype {task.dtype_code} op {OPS[task.op]} "
+            debug.info("COLL", f"{func}: opCount {self.op_count:x} sendbuff {hex(address(send))} recvbuff "
+                               f"{hex(address(recv))} count {count} datatype {task.dtype_code} op {OPS[task.op]} "
                                f"root {root} comm {hex(id(self))} [nranks={self.nranks}] stream 0x0")
         try:
             if count == 0:
@@ -192,7 +194,7 @@ class Communicator(api.Collectives):
             if self.nranks == 1:  # ncclLaunchOneRank: a local reduce-copy applying the pre- and post-op
                 reduce_copy(task.redop, [send[:len(recv)]], [recv], pre_op=True, post_op=True)
                 return
-            self._run(task, send, recv, compiled)
+            self._run(task, send, recv, compiled, placed)
         except CollectiveError as exc:
             self._error = str(exc)
             self._flush_trace()
@@ -201,7 +203,7 @@ class Communicator(api.Collectives):
         finally:
             self.op_count += 1
 
-    def _run(self, task: Task, send, recv, compiled) -> None:
+    def _run(self, task: Task, send, recv, compiled, placed: bool) -> None:
         plan, func, tracer = task.plan, task.func, self.tracer
         if self.rank == 0 and self._log_tuning:  # scheduleCollTasksToPlan, every call
             debug.info("TUNING", f"{func}: {task.count * send.itemsize} Bytes -> Algo {plan.algo} proto "
@@ -215,7 +217,7 @@ class Communicator(api.Collectives):
         kernel.reset(self.op_count, func)
         t0 = now() if tracer is not None else 0
         launch.run_plan(kernel, task, self.channels, self.nranks, send, recv, compiled, self.conns, self.health,
-                        in_place(func, self.rank, send, recv) if compiled is None else False)
+                        placed)
         if tracer is not None:
             tracer.add("coll", self.op_count, func, plan.algo, plan.proto, task.count,
                        dtype_name(send.dtype) if func not in IN_PLACE_MATTERS else "int8", task.redop.name,

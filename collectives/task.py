@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from misc.futex import address
+
 from . import enqueue
 from .device import launch
 from .device.reduce_copy import DTYPE_CODES, OPS, RedOp, dtype_name, parse_op
@@ -54,21 +56,19 @@ def new_task(comm, func: str, count: int, dtype: np.dtype, op: str, root: int) -
     return task
 
 
-def addr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
 def in_place(func: str, rank: int, send: np.ndarray, recv: np.ndarray) -> bool:
-    """In place: AllGather sends its own block of the output; the others send from the output itself."""
-    return addr(send) == addr(recv) + (rank * send.nbytes if func == "AllGather" else 0)
+    """Whether the call is in place, where that changes the algorithm (``IN_PLACE_MATTERS``; the others are run
+    the same either way): AllGather sends its own block of the output, Broadcast sends from the output itself."""
+    if func not in IN_PLACE_MATTERS:
+        return False
+    return address(send) == address(recv) + (rank * send.nbytes if func == "AllGather" else 0)
 
 
-def compiled_form(task: Task, cache, rank: int, send: np.ndarray, recv: np.ndarray, tracing: bool):
+def compiled_form(task: Task, cache, placed: bool, send: np.ndarray, tracing: bool):
     """The task's compiled LL form for this placement (from the communicator's ``ll_compiled.Cache``), or None
     when the readable primitives run it (``ll_compiled.eligible``)."""
     if task.plan is None:
         return None
-    placed = task.func in IN_PLACE_MATTERS and in_place(task.func, rank, send, recv)
     if placed not in task.compiled:
         dtype = np.dtype(np.uint8) if task.func in IN_PLACE_MATTERS else send.dtype  # they move bytes
         task.compiled[placed] = cache.get(task.plan, launch.RING[task.func][0], task.root, placed, dtype, task.op,

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from misc.futex import address
+
 from .device import NCCL_STEPS
 from .protocols import PROTOCOLS, PROTOS
 
@@ -65,8 +67,7 @@ class Connector:
                       for p, b in self.buffs.items()}
         self.scratch = {}
         self.step_word = np.zeros(1, np.int64)
-        addr = lambda a: a.__array_interface__["data"][0]  # noqa: E731
-        self.head_addr, self.tail_addr, self.bell_addr = addr(self.head), addr(self.tail), addr(self.doorbell)
+        self.head_addr, self.tail_addr, self.bell_addr = address(self.head), address(self.tail), address(self.doorbell)
 
     @property
     def step(self) -> int:

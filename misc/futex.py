@@ -15,8 +15,9 @@ import platform
 import numpy as np
 
 SLEEP_NS = 200_000
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
-_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
+FUTEX_WAIT, FUTEX_WAKE = 0, 1
+WAKE_ALL = 0x7FFFFFFF  # FUTEX_WAKE's count: every waiter
 _libc = ctypes.CDLL(None, use_errno=True)
 _syscall = _libc.syscall
 _syscall.restype = ctypes.c_long
@@ -27,7 +28,7 @@ class _Timespec(ctypes.Structure):
 
 
 _TS = _Timespec(0, SLEEP_NS)
-AVAILABLE = _SYS_FUTEX is not None and os.environ.get("NCCLLAB_FUTEX", "1") != "0"
+AVAILABLE = SYS_FUTEX is not None and os.environ.get("NCCLLAB_FUTEX", "1") != "0"
 
 
 def address(word: np.ndarray) -> int:
@@ -36,9 +37,9 @@ def address(word: np.ndarray) -> int:
 
 def wait(addr: int, expected_low32: int) -> None:
     """Block while the 32-bit word at ``addr`` equals ``expected_low32``, for at most SLEEP_NS."""
-    _syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, ctypes.c_uint32(expected_low32), ctypes.byref(_TS),
+    _syscall(SYS_FUTEX, ctypes.c_void_p(addr), FUTEX_WAIT, ctypes.c_uint32(expected_low32), ctypes.byref(_TS),
              None, 0)
 
 
 def wake(addr: int) -> None:
-    _syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+    _syscall(SYS_FUTEX, ctypes.c_void_p(addr), FUTEX_WAKE, WAKE_ALL, None, None, 0)

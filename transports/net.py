@@ -22,8 +22,9 @@ Deliberate differences.  While its kernel waits, the rank moves its proxied byte
 called from ``Kernel.run``'s ``poll``; a lock decides who runs it): a Python proxy thread would first have to win
 the interpreter lock from its own rank, and with several ranks on few cores that hand-over, not the network, was
 the cost of a step across nodes.  The thread remains for what is left when no kernel waits.  And a collective
-returns only once its send ops are done (``wait_sent``), i.e. the plugin has taken every step.  NCCL's kernel returns as soon as its last step is in the FIFO and its proxy, a free-running C
-thread, sends it whatever the caller does next.  Ours is a Python thread: if the caller then enters a C call that
+returns only once its send ops are done (``wait_sent``), i.e. the plugin has taken every step.  NCCL's kernel
+returns as soon as its last step is in the FIFO and its proxy, a free-running C thread, sends it whatever the
+caller does next.  Ours is a Python thread: if the caller then enters a C call that
 keeps the GIL while it waits for a peer (mpi4py's lowercase ``allreduce`` does), the last step would never leave
 and the peer, waiting for it, would never reach that call.
 """

@@ -27,22 +27,24 @@ of microseconds per call, which hides what LL is for (small-message latency).
 """
 from __future__ import annotations
 
-import platform
-
 import numba
 import numpy as np
 from numba.extending import intrinsic
 
-from include.device import LL_CLEAN_MASK, LL_FLAG_MOD
+from include.device import LL_CLEAN_MASK, LL_FLAG_MOD, NCCL_STEPS
+from misc import futex
 from misc.param import env_int
 from tracing import debug
+
+from .reduce_copy import CANONICAL_NAN, OPS
 
 
 # Columns of one recorded call.
 REC, SND, SRC, DST, NELEM, FROM_OUT, PRIM = range(7)
 # The control array: a header, then one row per channel (addresses first, then where the channel stands).
 (STEP_BYTES, FLAG_MOD, CLEAN_MASK, OPCODE, MAX_IDLE, IS_FLOAT, NCH, MY_DESC, PROG, CANON, SIG) = range(11)
-HEADER = 20  # SIG takes 6 words: [opCount + 1, function, count, datatype, op, root]
+DESC_ROWS, DESC_COLS = SIG + 6, SIG + 7  # SIG takes 6 words: [opCount + 1, function, count, datatype, op, root]
+HEADER = 20
 (RWORDS, SWORDS, SHEAD, RHEAD, RSTAGE, SSTAGE, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, FIFO, PDESC, RSTEP_W,
  SSTEP_W, FIRST, END, PC, LINES, RSTEP, SSTEP, CHECKED, WAIT, WSTEP, CREDIT) = range(23)
 COLS = 23
@@ -50,14 +52,11 @@ WAIT_HEAD, WAIT_FLAG, WAIT_MISMATCH = 1, 2, 3
 DONE, BLOCKED, MISMATCH = 0, 1, 2
 PRIMS = ["send", "send_from_output", "copy_send", "recv", "recv_reduce_send", "recv_reduce_copy",
          "recv_reduce_copy_send", "recv_copy_send"]
-OPCODES = {"sum": 0, "prod": 1, "max": 2, "min": 3}
 SUPPORTED = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float32,
                                    np.float64)}
-CANONICAL_NAN = {4: 0x7FFFFFFF, 8: 0x7FFFFFFFFFFFFFFF}  # what min/max of two NaNs give (see reduce_copy)
-
 # libc's syscall(2), resolved by name when numba links (a ctypes pointer would stop numba caching the kernel).
 _syscall = numba.types.ExternalFunction("syscall", numba.int64(*[numba.int64] * 7))
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), -1)
+_SYS_FUTEX = futex.SYS_FUTEX if futex.SYS_FUTEX is not None else -1  # numba wants an int constant
 
 
 def enabled() -> bool:
@@ -67,7 +66,7 @@ def enabled() -> bool:
 def eligible(plan, dtype: np.dtype, redop_name: str, tracing: bool) -> bool:
     """Whether a call runs here rather than through the readable primitives."""
     return (plan.proto == "LL" and plan.algo == "Ring" and not tracing and np.dtype(dtype) in SUPPORTED
-            and (redop_name in OPCODES or plan.func in ("AllGather", "Broadcast")) and enabled())
+            and (redop_name != "avg" or plan.func in ("AllGather", "Broadcast")) and enabled())
 
 
 class _Recorder:
@@ -128,7 +127,7 @@ class Compiled:
         self.channels = [channels[w.channel] for w in plan.works]
         self.keep = [self.prog]  # everything whose address is in ctl stays alive as long as this object
         ctl = self.ctl = np.zeros(HEADER + COLS * len(self.channels), np.int64)
-        addr = lambda a: self.keep.append(a) or a.__array_interface__["data"][0]  # noqa: E731
+        addr = lambda a: self.keep.append(a) or futex.address(a)  # noqa: E731
         first = 0
         for c, (ch, prog) in enumerate(zip(self.channels, progs)):
             rc, sc = ch.recv, ch.send
@@ -143,9 +142,9 @@ class Compiled:
             row[PDESC] = addr(page.desc) if page is not None else 0  # a remote peer has no page to compare
             row[FIRST], row[END] = first, first + len(prog)
             first += len(prog)
-        ctl[[STEP_BYTES, FLAG_MOD, CLEAN_MASK, IS_FLOAT, NCH, MY_DESC, PROG]] = [
+        ctl[[STEP_BYTES, FLAG_MOD, CLEAN_MASK, IS_FLOAT, NCH, MY_DESC, PROG, DESC_ROWS, DESC_COLS]] = [
             self.channels[0].recv.step_size("LL"), LL_FLAG_MOD, LL_CLEAN_MASK, dtype.kind == "f",
-            len(self.channels), addr(my_page.desc), addr(self.prog)]
+            len(self.channels), addr(my_page.desc), addr(self.prog), *my_page.desc.shape]
         ctl[CANON] = np.array(CANONICAL_NAN.get(dtype.itemsize, 0), np.uint64).view(np.int64)
 
     def run(self, inp: np.ndarray, out: np.ndarray, sig: np.ndarray, opcode: int, max_idle: int) -> int:
@@ -203,7 +202,7 @@ class Cache:
 def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, op: str, sig: np.ndarray) -> None:
     """The kernel for one compiled call.  Most calls end in the first try; a blocked one lets ``Kernel.run`` wait
     between tries (yield or sleep, check the peers and the deadline, write the hang report)."""
-    status = compiled.run(inp, out, sig, OPCODES.get(op, 0), 2 if kernel.sleep else 4096)
+    status = compiled.run(inp, out, sig, OPS[op], 2 if kernel.sleep else 4096)
     if status != DONE:  # more ranks than cores: yield at once, sleep after 30 rounds (measured best at n=8)
         kernel.run([_resume(kernel, compiled, inp, out, status)], *((0, 30) if kernel.sleep else ()))
 
@@ -248,7 +247,7 @@ def _fence(typingctx):
 
 @numba.njit(nogil=True, cache=True)
 def _wake(addr):
-    _syscall(_SYS_FUTEX, addr, 1, 0x7FFFFFFF, 0, 0, 0)
+    _syscall(_SYS_FUTEX, addr, futex.FUTEX_WAKE, futex.WAKE_ALL, 0, 0, 0)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -286,9 +285,10 @@ def run_ops(ctl, inp, out, starting):
     canon = numba.carray(_ptr(ctl[CANON:].ctypes.data), 1, out.dtype)[0]
     sig = ctl[SIG:SIG + 6]
     prog = numba.carray(_ptr(ctl[PROG]), (ctl[HEADER + COLS * (nch - 1) + END], 7), np.int64)
+    rows, cols = ctl[DESC_ROWS], ctl[DESC_COLS]  # the status pages' signature table (status.py)
     if starting:
-        desc = numba.carray(_ptr(ctl[MY_DESC]), 64 * 8, np.int64)
-        row = (sig[0] - 1) % 64 * 8  # publish this rank's call before any data moves (status.py's layout)
+        desc = numba.carray(_ptr(ctl[MY_DESC]), rows * cols, np.int64)
+        row = (sig[0] - 1) % rows * cols  # publish this rank's call before any data moves
         for k in range(1, 6):
             desc[row + k] = sig[k]
         desc[row] = sig[0]
@@ -305,8 +305,8 @@ def run_ops(ctl, inp, out, starting):
             st = ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
             if st[PC] >= st[END]:
                 continue
-            rwords = numba.carray(_ptr(st[RWORDS]), 8 * words_per_slot, np.uint64)
-            swords = numba.carray(_ptr(st[SWORDS]), 8 * words_per_slot, np.uint64)
+            rwords = numba.carray(_ptr(st[RWORDS]), NCCL_STEPS * words_per_slot, np.uint64)
+            swords = numba.carray(_ptr(st[SWORDS]), NCCL_STEPS * words_per_slot, np.uint64)
             shead = numba.carray(_ptr(st[SHEAD]), 1, np.uint64)
             rst = numba.carray(_ptr(st[RSTAGE]), nwords, np.uint64)
             sst = numba.carray(_ptr(st[SSTAGE]), nwords, np.uint64)
@@ -318,14 +318,14 @@ def run_ops(ctl, inp, out, starting):
                 nbytes = nelem * esize
                 nlines = (nbytes + 7) // 8
                 if send and st[CREDIT] == 0:  # waitSend: at most NCCL_STEPS steps ahead of the reader
-                    if shead[0] + np.uint64(8) < np.uint64(st[SSTEP] + 1):
+                    if shead[0] + np.uint64(NCCL_STEPS) < np.uint64(st[SSTEP] + 1):
                         st[WAIT], st[WSTEP] = WAIT_HEAD, st[SSTEP]
                         break
                     st[CREDIT] = 1
                 if recv:  # readLL: every line carries the step's flag in both halves
                     step = st[RSTEP]
                     flag = np.uint64((step + 1) % flag_mod)
-                    base = (step % 8) * words_per_slot
+                    base = (step % NCCL_STEPS) * words_per_slot
                     i = st[LINES]
                     while i < nlines:
                         w0 = rwords[base + 2 * i]
@@ -339,8 +339,8 @@ def run_ops(ctl, inp, out, starting):
                         st[WAIT], st[WSTEP] = WAIT_FLAG, step
                         break
                     if nbytes > 0 and st[CHECKED] == 0:  # the peer's first data: is it running the same call?
-                        pdesc = numba.carray(_ptr(st[PDESC]), 64 * 8, np.int64)
-                        prow = (sig[0] - 1) % 64 * 8
+                        pdesc = numba.carray(_ptr(st[PDESC]), rows * cols, np.int64)
+                        prow = (sig[0] - 1) % rows * cols
                         for k in range(6):
                             if pdesc[prow + k] != sig[k]:
                                 st[WAIT] = WAIT_MISMATCH
@@ -362,10 +362,11 @@ def run_ops(ctl, inp, out, starting):
                 if send:  # storeLL, incSend's cleanup, then the reader's doorbell if it sleeps
                     step = st[SSTEP]
                     flag = np.uint64((step + 1) % flag_mod) << sh
-                    base = (step % 8) * words_per_slot
+                    base = (step % NCCL_STEPS) * words_per_slot
                     clean = (step & clean_mask) == clean_mask
                     if st[FIFO]:
-                        numba.carray(_ptr(st[FIFO]), 8, np.int64)[step % 8] = step_bytes if clean else nlines * 16
+                        fifo = numba.carray(_ptr(st[FIFO]), NCCL_STEPS, np.int64)
+                        fifo[step % NCCL_STEPS] = step_bytes if clean else nlines * 16
                     for i in range(nlines):
                         v64 = sst[i]
                         swords[base + 2 * i] = (v64 & low) | flag

@@ -6,8 +6,8 @@ Kinds: ``int`` (wrapping integer arithmetic), ``float`` (float32/float64), ``hal
 bfloat16 math is NCCL's on sm_80+ ``__hadd``: both operands widened to float32, one float32 operation, rounded to
 nearest even back to bfloat16; float32 has more than 2p+2 bits, so this equals the exactly rounded result, which is
 what the CPU path's ``ml_dtypes`` gives (``collectives/device/reduce_copy.py``).
-Min/max of floats drop a NaN operand (``fmaxf``); two NaNs keep the first operand (the canonical-NaN rule of the
-CPU path is not reproduced here yet).
+Min/max of floats drop a NaN operand (``fmaxf``); two NaNs keep the first operand and a +0/-0 tie keeps the first
+operand (the CPU path's canonical NaN and its sign rule for zeros are not reproduced here yet).
 """
 from __future__ import annotations
 
@@ -58,6 +58,19 @@ def kind_of(dtype) -> str:
     return "float" if d.kind == "f" else "int"
 
 
+def _minmax(larger: bool):
+    """``fmaxf``/``fminf`` (and ``__hmax``/``__hmin``): a NaN operand is dropped; compares natively, so it serves
+    float32, float64 and half alike."""
+    @cuda.jit(device=True)
+    def fn(a, b):
+        if b != b:
+            return a
+        if a != a:
+            return b
+        return (a if a >= b else b) if larger else (a if a <= b else b)
+    return fn
+
+
 def make_ops(op: str, kind: str):
     """(fn, premul, postdiv) device functions: ``fn(a, b)``; ``premul(x, s)`` the Avg pre-multiply of floats
     (identity otherwise); ``postdiv(x, n)`` the integer Avg's final division (identity otherwise)."""
@@ -71,15 +84,7 @@ def make_ops(op: str, kind: str):
             def fn(a, b):
                 return cuda.fp16.hmul(a, b)
         else:
-            larger = op == "max"
-
-            @cuda.jit(device=True)
-            def fn(a, b):
-                if b != b:
-                    return a
-                if a != a:
-                    return b
-                return (a if a >= b else b) if larger else (a if a <= b else b)
+            fn = _minmax(op == "max")
     elif kind == "bf16":
         if op in ("sum", "avg"):
             @cuda.jit(device=True)
@@ -110,15 +115,7 @@ def make_ops(op: str, kind: str):
             def fn(a, b):
                 return a * b
         else:
-            larger = op == "max"
-
-            @cuda.jit(device=True)
-            def fn(a, b):
-                if b != b:
-                    return a
-                if a != a:
-                    return b
-                return (a if a >= b else b) if larger else (a if a <= b else b)
+            fn = _minmax(op == "max")
 
     if op == "avg" and kind == "half":
         @cuda.jit(device=True)
