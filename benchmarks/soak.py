@@ -26,7 +26,7 @@ import numpy as np
 import collectives
 from collectives.colls import COLLECTIVES
 from collectives.device.reduce_copy import DTYPES
-from collectives.launch import under_mpirun
+from collectives.launch import node_hostid, under_mpirun
 from collectives.perf import parse_size, random_input
 
 OPS = ["sum", "prod", "min", "max", "avg"]
@@ -87,7 +87,7 @@ def busy(world, rng: np.random.Generator, mpi) -> None:
 def new_comm(world, rng: np.random.Generator, nodes_choices: list[int], protos: list[str], algos: list[str]):
     nodes = int(rng.choice(nodes_choices))
     if nodes > 1:
-        os.environ["NCCL_HOSTID"] = f"nccllab-soak-node{world.rank * nodes // world.size}"
+        os.environ["NCCL_HOSTID"] = node_hostid(world.rank, world.size, nodes)
     else:
         os.environ.pop("NCCL_HOSTID", None)
     proto, algo, nch = str(rng.choice(protos)), str(rng.choice(algos)), int(rng.integers(1, 3))
