@@ -8,6 +8,10 @@ checks buffers and counts), in the two forms users bring:
   ``reduce(sendbuf, recvbuf, op, root=None)`` (no root: an AllReduce, as nccl4py's), with ``SUM`` ... ``AVG``.
 
 The second positional argument tells the forms apart: an array is nccl4py's receive buffer.
+
+Buffers are numpy arrays; on ``--device cuda`` also any CUDA array (``__cuda_array_interface__``: cupy, numba,
+torch; or DLPack), taken without a copy as the device layer's array (cupy).  The simulator's memory is host memory:
+numpy there.
 """
 from __future__ import annotations
 
@@ -18,10 +22,16 @@ from .device.reduce_copy import dtype_name
 SUM, PROD, MAX, MIN, AVG = "sum", "prod", "max", "min", "avg"  # nccl4py's names for ncclRedOp_t
 
 
+def is_array(x) -> bool:
+    """A buffer: numpy, or an array on a GPU (CUDA array interface or DLPack)."""
+    return isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__") or (
+        hasattr(x, "__dlpack__") and not isinstance(x, (list, tuple)))
+
+
 def buffer_first(name: str, rest: tuple, out, value, default):
     """``(recvbuf, value)`` positionally (nccl4py) or ``(value,)`` with ``out=`` (ours) -> (out, value)."""
     rest = list(rest)
-    if rest and isinstance(rest[0], np.ndarray) or (rest and rest[0] is None and len(rest) > 1):
+    if rest and is_array(rest[0]) or (rest and rest[0] is None and len(rest) > 1):
         if out is not None:
             raise TypeError(f"{name}: the receive buffer is given twice (positionally and as out=)")
         out = rest.pop(0)
@@ -34,8 +44,20 @@ def buffer_first(name: str, rest: tuple, out, value, default):
     return out, default if value is None else value
 
 
-def check_send(name: str, send) -> np.ndarray:
-    if not isinstance(send, np.ndarray):
+def on_device(name: str, arr, device):
+    """A GPU array as the device layer's array (no copy), or numpy as it is."""
+    if isinstance(arr, np.ndarray) or not is_array(arr):
+        return arr
+    if device is None or not device.is_gpu:
+        where = device.name if device is not None else "cpu"
+        raise TypeError(f"{name}: a {type(arr).__name__} lives on a GPU, and this communicator runs on --device "
+                        f"{where}: pass numpy, or use --device cuda")
+    return device.to_device(arr)
+
+
+def check_send(name: str, send, device=None):
+    send = on_device(name, send, device)
+    if not is_array(send):
         raise TypeError(f"{name}: expected a numpy array, got {type(send).__name__}"
                         + (" (use np.asarray(...) with a dtype)" if isinstance(send, (list, tuple)) else ""))
     dtype_name(send.dtype)  # raises for unsupported types, naming the valid ones
@@ -44,15 +66,20 @@ def check_send(name: str, send) -> np.ndarray:
     return send
 
 
-def buffers(name: str, send, out, out_count: int, out_shape: tuple, zero: bool = False
+def buffers(name: str, send, out, out_count: int, out_shape: tuple, zero: bool = False, device=None
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(flat send, flat receive of ``out_count`` elements, what the call returns), for a send buffer that passed
     ``check_send``.  Without ``out`` the result is a new array of ``out_shape`` (zeroed when ``zero``: a non-root
-    rank's Reduce output, never written)."""
+    rank's Reduce output, never written), where the send buffer lives."""
     if out is None:
-        out = (np.zeros if zero else np.empty)(out_shape, dtype=send.dtype)
-    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous or not out.flags.writeable:
-        raise ValueError(f"{name}: the receive buffer must be a writable, C-contiguous numpy array")
+        host = isinstance(send, np.ndarray)
+        out = (np.zeros if zero else np.empty)(out_shape, dtype=send.dtype) if host else \
+            (device.zeros if zero else device.empty)(out_shape, send.dtype)
+    out = on_device(name, out, device)
+    if not is_array(out) or not out.flags.c_contiguous or not getattr(out.flags, "writeable", True):
+        raise ValueError(f"{name}: the receive buffer must be a writable, C-contiguous array")
+    if isinstance(out, np.ndarray) != isinstance(send, np.ndarray):
+        raise TypeError(f"{name}: the send and receive buffers must both be on the host or both on the GPU")
     if out.dtype != send.dtype:
         raise TypeError(f"{name}: receive buffer dtype {out.dtype} differs from send buffer dtype {send.dtype}")
     if out.size < out_count:
@@ -76,6 +103,7 @@ class Collectives:
     buffer to the communicator's ``_launch`` (``ncclEnqueueCheck``)."""
     nranks: int
     rank: int
+    device = None  # the device layer (``collectives/device/backend.py``); set by the communicator
 
     @classmethod
     def init(cls, nranks: int, rank: int, unique_id, config=None):
@@ -84,36 +112,37 @@ class Collectives:
 
     def all_reduce(self, send: np.ndarray, *rest, op: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
         out, op = buffer_first("all_reduce", rest, out, op, "sum")
-        send = check_send("all_reduce", send)
-        flat, recv, result = buffers("all_reduce", send, out, send.size, send.shape)
+        send = check_send("all_reduce", send, self.device)
+        flat, recv, result = buffers("all_reduce", send, out, send.size, send.shape, device=self.device)
         self._launch("AllReduce", flat, recv, flat.size, op, -1)
         return result
 
     def all_gather(self, send: np.ndarray, *rest, out: np.ndarray | None = None) -> np.ndarray:
         out, _ = buffer_first("all_gather", rest, out, None, None)
-        send = check_send("all_gather", send)
+        send = check_send("all_gather", send, self.device)
         shape = gathered_shape(send.shape, self.nranks)
-        flat, recv, result = buffers("all_gather", send, out, send.size * self.nranks, shape)
+        flat, recv, result = buffers("all_gather", send, out, send.size * self.nranks, shape, device=self.device)
         self._launch("AllGather", flat, recv, flat.size, "sum", -1)
         return result
 
     def reduce_scatter(self, send: np.ndarray, *rest, op: str | None = None,
                        out: np.ndarray | None = None) -> np.ndarray:
         out, op = buffer_first("reduce_scatter", rest, out, op, "sum")
-        send = check_send("reduce_scatter", send)
+        send = check_send("reduce_scatter", send, self.device)
         if send.size % self.nranks:
             raise ValueError(f"reduce_scatter: send size {send.size} is not a multiple of nranks {self.nranks}")
         count = send.size // self.nranks
         shape = scattered_shape(send.shape, count, self.nranks)
-        flat, recv, result = buffers("reduce_scatter", send, out, count, shape)
+        flat, recv, result = buffers("reduce_scatter", send, out, count, shape, device=self.device)
         self._launch("ReduceScatter", flat, recv, count, op, -1)
         return result
 
     def broadcast(self, buf: np.ndarray, *rest, root: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
         out, root = buffer_first("broadcast", rest, out, root, 0)
         self._check_root(root)
-        buf = check_send("broadcast", buf)
-        flat, recv, result = buffers("broadcast", buf, buf if out is None else out, buf.size, buf.shape)
+        buf = check_send("broadcast", buf, self.device)
+        flat, recv, result = buffers("broadcast", buf, buf if out is None else out, buf.size, buf.shape,
+                                     device=self.device)
         self._launch("Broadcast", flat, recv, flat.size, "sum", root)
         return result
 
@@ -121,7 +150,7 @@ class Collectives:
                out: np.ndarray | None = None) -> np.ndarray:
         """``reduce(x, root=0, op="sum")``, or nccl4py's ``reduce(sendbuf, recvbuf, op, root=None)`` where no root
         means AllReduce.  A non-root rank's receive buffer is left as it was, as NCCL leaves it."""
-        if rest and isinstance(rest[0], np.ndarray):  # nccl4py: (recvbuf, op[, root])
+        if rest and is_array(rest[0]):  # nccl4py: (recvbuf, op[, root])
             if len(rest) > 3:
                 raise TypeError("reduce: too many positional arguments")
             out, op, root = rest[0], rest[1] if len(rest) > 1 else op, rest[2] if len(rest) > 2 else root
@@ -133,8 +162,9 @@ class Collectives:
             root, op = rest[0], rest[1] if len(rest) > 1 else op
         root, op = 0 if root is None else root, op or "sum"
         self._check_root(root)
-        send = check_send("reduce", send)
-        flat, recv, result = buffers("reduce", send, out, send.size, send.shape, zero=self.rank != root)
+        send = check_send("reduce", send, self.device)
+        flat, recv, result = buffers("reduce", send, out, send.size, send.shape, zero=self.rank != root,
+                                     device=self.device)
         self._launch("Reduce", flat, recv, flat.size, op, root)
         return result
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 from include.connector import Connector
 from include.device import MAXCHANNELS
+from tracing import debug
 
-from .graph.rings import Ring, setup_ring
-from .graph.trees import TreeNode, channel_trees
+from .graph.rings import Ring, ring_log_line, setup_ring
+from .graph.trees import TreeNode, channel_trees, trees_log_line
 
 
 @dataclass
@@ -42,3 +43,13 @@ def postset(orders: list[list[int]], node_of_rank: list[int], pattern: str, rank
         doubled.append(doubled[c - start])
     channels = [Channel(c, setup_ring(order, rank), tree[rank]) for c, (order, tree, _) in enumerate(doubled)]
     return channels, [tree for _, tree, _ in doubled], [origin for _, _, origin in doubled]
+
+
+def log_channels(rank: int, channels: list[Channel], trees: list[dict]) -> None:
+    """``initTransportsRank``'s INFO lines: each channel's ring (rank 0), this rank's place in it, and its trees."""
+    if rank == 0:
+        for ch in channels:
+            debug.info("INIT", ring_log_line(ch.id, len(channels), list(ch.ring.order)))
+    for ch in channels:
+        debug.info("GRAPH", f"Ring {ch.id:02d} : {ch.ring.prev} -> {rank} -> {ch.ring.next}")
+    debug.info("INIT", trees_log_line(rank, trees))

@@ -7,7 +7,8 @@ channel (``setupChannel``), the Postset doubling (channel c + n: ring c with tre
 (both directions with ``up`` and ``down[]``), through ``transports.connections``.
 A collective: check the arguments, publish its signature, choose algorithm and protocol (the cost model), split it
 across channels (``enqueue.schedule_coll``), and run each channel's algorithm (``device/*.run_ring``,
-``all_reduce.run_tree_split``) over the protocol's primitives in one kernel.
+``all_reduce.run_tree_split``) over the protocol's primitives in one kernel; on a GPU device (``--device``) that
+kernel is the rank's persistent GPU kernel (``gpu_rank``), connected by P2P.
 """
 from __future__ import annotations
 
@@ -24,22 +25,22 @@ from tracing.events import from_env as tracer_from_env
 from tracing.events import now
 from transports.base import CommInfo
 from transports.connections import Connections, connect_rings, connect_trees
+from transports.p2p import pool_of
 
 from . import api, enqueue
 from .bootstrap import Bootstrap, UniqueId
-from .channels import postset
+from .channels import log_channels, postset
 from .device import launch, ll_compiled
 from .device.common import CollectiveError, Kernel
 from .device.reduce_copy import OPS, dtype_name, reduce_copy
 from .graph import tuning
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
-from .graph.rings import parse_rings, ring_log_line, ring_orders
-from .graph.trees import trees_log_line
+from .graph.rings import parse_rings, ring_orders
+from .gpu_rank import GpuRank, device_and_protocols
 from .health import Health
 from .peers import buffer_sizes, exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
-
 
 
 class Communicator(api.Collectives):
@@ -48,7 +49,8 @@ class Communicator(api.Collectives):
 
     def __init__(self, unique_id: UniqueId | bytes | None = None, nranks: int | None = None,
                  rank: int | None = None, *, rings: list[list[int]] | None = None,
-                 search_channels: int | None = None, protocols: str | None = None, algorithms: str | None = None):
+                 search_channels: int | None = None, protocols: str | None = None, algorithms: str | None = None,
+                 device: str | None = None):
         # Imported here, not above: ``python -m collectives.launch`` runs that module as __main__, and the package
         # import (collectives/__init__ -> comm) must not have imported it first.
         from .launch import install_fatal_hook, rank_env
@@ -68,7 +70,7 @@ class Communicator(api.Collectives):
         self.health: Health | None = None      # status pages, checks while waiting, hang reports
         self.conns: Connections | None = None  # the transports' state: segments, net plugin, proxy
         try:
-            self._init_transports(unique_id, rings, search_channels, protocols, algorithms)
+            self._init_transports(unique_id, rings, search_channels, protocols, algorithms, device)
         except BaseException as exc:
             self._free_connections()
             self.bootstrap.close()
@@ -77,16 +79,17 @@ class Communicator(api.Collectives):
             raise
 
     # ------------------------------------------------------------------ init
-    def _init_transports(self, uid: UniqueId, rings, search_channels, protocols, algorithms) -> None:
+    def _init_transports(self, uid: UniqueId, rings, search_channels, protocols, algorithms, device) -> None:
         if rings is None and env_str("NCCLLAB_RINGS"):
             rings = parse_rings(env_str("NCCLLAB_RINGS"), self.nranks)
         self.buff_sizes = buffer_sizes()
         proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
         algo_text = algorithms if algorithms is not None else os.environ.get("NCCL_ALGO", "")
+        self.device, proto_text = device_and_protocols(device, proto_text)  # a GPU device: gpu_rank's kernels
         tuning.protocol_table(proto_text)  # a bad NCCL_PROTO / NCCL_ALGO fails at init, on every rank
         tuning.algorithm_table(algo_text)
         peers = exchange(self.bootstrap, self.rank, self.nranks, uid.magic, self.buff_sizes, rings, search_channels,
-                         proto_text, algo_text)
+                         proto_text, algo_text, self.device.name)
         self.peer_info, self.tag, self.node_of_rank, self.nnodes = peers.info, peers.tag, peers.node_of_rank, \
             peers.nnodes
         self.local_ranks = peers.local_ranks
@@ -111,23 +114,22 @@ class Communicator(api.Collectives):
                 debug.info("TUNING", line)
         debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nRanks {self.nranks} nNodes {self.nnodes} "
                            f"localRanks {len(self.local_ranks)} localRank {self.local_rank} MNNVL 0")
-        if self.rank == 0:
-            for ch in self.channels:
-                debug.info("INIT", ring_log_line(ch.id, self.nchannels, list(ch.ring.order)))
-        for ch in self.channels:
-            debug.info("GRAPH", f"Ring {ch.id:02d} : {ch.ring.prev} -> {self.rank} -> {ch.ring.next}")
-        debug.info("INIT", trees_log_line(self.rank, self.trees))
+        log_channels(self.rank, self.channels, self.trees)
         self.health = Health(self.rank, self.nranks, self.tag, self.peer_info, self.bootstrap, self.local_ranks,
                              lambda: self.conns.error() if self.conns is not None else None,
                              lambda: self.conns.describe() if self.conns is not None else [])
+        self._gpu = GpuRank.for_comm(self)
         if self.nranks > 1:
             node = self.node_of_rank
             dev = lambda r: [q for q in range(self.nranks) if node[q] == node[r]].index(r)  # noqa: E731
-            self.conns = Connections(CommInfo(self.tag, self.rank, self.buff_sizes, dev), self.bootstrap,
+            self.conns = Connections(CommInfo(self.tag, self.rank, self.buff_sizes, dev, self.device,
+                                              self._gpu.layout.nbytes if self._gpu else 0), self.bootstrap,
                                      self.peer_info)
             connect_rings(self.conns, self.channels)
             if self.cost_model.algo_usable("AllReduce", "Tree"):
                 connect_trees(self.conns, self.channels)
+            if self._gpu:
+                self._gpu.bind(pool_of(self.conns.states), self.channels)
         self.tracer = tracer_from_env(self.rank, self.describe())
         h = self.health
         self._kernel = Kernel(self.rank, 0, "", h.check, lambda peer: h.check_peer_op(peer, self.op_count),
@@ -135,7 +137,8 @@ class Communicator(api.Collectives):
         if self.conns is not None and self.conns.proxied:  # a blocked kernel moves its NET bytes itself
             self._kernel.poll = self.conns.poll
         self._kernel.tracer = self.tracer
-        self._compiled = ll_compiled.Cache(self.channels, self.nranks, h.pages, h.mine, self.rank)
+        self._compiled = None if self._gpu else ll_compiled.Cache(self.channels, self.nranks, h.pages, h.mine,
+                                                                  self.rank)
         self._tasks: dict[tuple, Task] = {}
         self._log_coll, self._log_tuning = debug.enabled("INFO", "COLL"), debug.enabled("INFO", "TUNING")
         debug.info("INIT", f"ncclCommInitRank comm {hex(id(self))} rank {self.rank} nranks {self.nranks} "
@@ -182,7 +185,7 @@ class Communicator(api.Collectives):
             task = self._tasks[(func, count, send.dtype, op, root)] = new_task(self, func, count, send.dtype, op,
                                                                                root)
         placed = in_place(func, self.rank, send, recv)
-        compiled = compiled_form(task, self._compiled, placed, send, self.tracer is not None)
+        compiled = None if self._gpu else compiled_form(task, self._compiled, placed, send, self.tracer is not None)
         self.health.publish(self.op_count, task.signature, task.sig, python=compiled is None)
         if self._log_coll:
             debug.info("COLL", f"{func}: opCount {self.op_count:x} sendbuff {hex(address(send))} recvbuff "
@@ -211,6 +214,8 @@ class Communicator(api.Collectives):
         if debug.enabled("TRACE", "COLL"):
             debug.trace("COLL", f"Collective {func} count={task.count} channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}} "
                                 f"parts={[w.part_count for w in plan.works]} chunkCount={plan.works[0].chunk_count}")
+        if self._gpu is not None:  # this rank's persistent kernel on the GPU device
+            return self._gpu.run(task, send, recv, self.op_count)
         if func in IN_PLACE_MATTERS:  # NCCL retypes these as int8: they move bytes
             send, recv = send.view(np.uint8), recv.view(np.uint8)
         kernel = self._kernel

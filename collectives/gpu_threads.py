@@ -19,18 +19,16 @@ import numpy as np
 
 from . import enqueue
 from collectives.device.common import CollectiveError
-from collectives.device.reduce_copy import RedOp
-from collectives.graph.rings import ring_orders, setup_ring
+from collectives.graph.rings import ring_orders
 from collectives.graph.trees import channel_trees
 from include.device import NCCL_STEPS
 from misc.param import env_int, timeout_s
 
 from collectives.device.backend import Device, get_device
 from collectives.device.cuda import kernel as K
-from collectives.device.cuda.reduce import kind_of
-from collectives.device.cuda.sync import ABORT_WORDS, WHAT_NAMES
-
-GROUP_NAMES = {0: "", 1: " (tree reduce)", 2: " (tree broadcast)"}
+from collectives.device.cuda.layout import connection_tables, pool_layout
+from collectives.device.cuda.call import abort_line, check, kernel_dtype, make_call
+from transports import p2p
 
 
 class ThreadComm:
@@ -52,41 +50,21 @@ class ThreadComm:
 
     # --- connection memory (NCCL: p2pSendSetup / p2pRecvSetup allocate it, the peers exchange pointers) ---
     def _connect(self) -> None:
-        n, nch, ids = self.n, self.nch, {}
-
-        def conn(c: int, src: int, dst: int) -> int:
-            return ids.setdefault((c, src, dst), len(ids))
-
-        ring = np.full((n, nch, 3 + n), -1, np.int64)
-        tree = np.full((n, nch, K.TREE_WORDS), -1, np.int64)
-        for c in range(nch):
-            for r in range(n):
-                rg = setup_ring(self.rings[c], r)
-                ring[r, c, 0], ring[r, c, 1] = conn(c, rg.prev, r), conn(c, r, rg.next)
-                ring[r, c, 2] = rg.index
-                ring[r, c, 3:] = rg.user_ranks
-                node = self.trees[c][r]
-                tree[r, c, K.T_UP] = node.up
-                if node.up >= 0:
-                    tree[r, c, K.T_FROM_UP], tree[r, c, K.T_TO_UP] = conn(c, node.up, r), conn(c, r, node.up)
-                for i, d in enumerate(node.down):
-                    tree[r, c, K.T_DOWN + i] = d
-                    tree[r, c, K.T_FROM_DOWN + i], tree[r, c, K.T_TO_DOWN + i] = conn(c, d, r), conn(c, r, d)
-        self.conn_ids = ids
-        nconn = len(ids)
-        conns = np.zeros((nconn, 2), np.int64)
-        for (c, src, dst), i in ids.items():
-            conns[i] = (src, dst)
+        t = connection_tables(self.rings, self.trees, self.n, self.nch)
+        self.conn_ids = t.ids
         d = self.dev
-        self.ring_t, self.tree_t, self.conns = d.to_device(ring), d.to_device(tree), d.to_device(conns)
-        self.fifo_s = d.zeros((nconn, NCCL_STEPS * (self.buff["Simple"] // NCCL_STEPS)), np.uint8)
-        self.fifo_ll = d.zeros((nconn, NCCL_STEPS, self.buff["LL"] // NCCL_STEPS // 8), np.uint64)
-        self.ctrl = d.zeros((nconn, 2), np.int64)    # head (the sender polls it), tail (the receiver polls it)
-        self.steps = d.zeros((nconn, 2), np.int64)   # each side's step, kept between collectives
+        self.ring_t, self.tree_t, self.conns = d.to_device(t.ring), d.to_device(t.tree), d.to_device(t.conns)
+        layout = pool_layout(len(t.ids), self.buff)
+        pool = layout.views(d.zeros(layout.nbytes, np.uint8))  # one process: its peers' rows by direct pointer
+        self.fifo_s, self.fifo_ll, self.ctrl, self.steps, self.abort = (pool[k] for k in
+                                                                        ("fifo_s", "fifo_ll", "ctrl", "steps", "abort"))
         ll_data = self.buff["LL"] // NCCL_STEPS // 2
-        self.stage = d.zeros((self.n, nch, 3, 4, ll_data), np.uint8)
-        self.bars = d.zeros((self.n, nch, 3, 2), np.int64)
-        self.abort = d.zeros(ABORT_WORDS, np.int64)
+        self.stage = d.zeros((self.n, self.nch, 3, 4, ll_data), np.uint8)
+        self.bars = d.zeros((self.n, self.nch, 3, 2), np.int64)
+        for c in range(self.nch):
+            for (ch, src, dst) in t.ids:
+                if ch == c and src != dst:
+                    p2p.log_connection(c, src, src, dst, dst, "direct pointer")
 
     # --- one collective ---
     def run(self, func: str, inputs: list, op: str = "sum", root: int = 0, proto: str = "Simple",
@@ -101,19 +79,13 @@ class ThreadComm:
                 algo: str = "Ring", absent: tuple = ()) -> "Launch":
         """Device buffers (outputs poisoned with 0xA5) and the launch arguments of one collective; calling the
         result runs it (again: the timing loop of scripts/gpu_check.py)."""
-        if func not in K.COLLS or proto not in K.PROTOS or algo not in K.ALGOS:
-            raise ValueError(f"{func}/{algo}/{proto}: the GPU kernels run the five ring collectives and Tree "
-                             f"AllReduce, protocols Simple and LL")
-        if algo == "Tree" and func != "AllReduce":
-            raise ValueError(f"{func}: only AllReduce has a Tree algorithm")
+        check(func, proto, algo)
         n, d = self.n, self.dev
         host = [np.asarray(d.to_host(x)) for x in inputs]
         dtype, count = host[0].dtype, host[0].size
         out_count = {"AllGather": count * n, "ReduceScatter": count // n}.get(func, count)
         sched_count = count // n if func == "ReduceScatter" else count
-        kdt = np.dtype(np.uint16) if kind_of(dtype) == "bf16" else dtype
-        if func in ("AllGather", "Broadcast"):  # NCCL retypes these as int8: bytes
-            kdt = np.dtype(np.uint8)
+        kdt = kernel_dtype(func, dtype)
         inp = d.to_device(np.stack([x.reshape(-1).view(np.uint8) for x in host]).view(kdt))
         out = d.to_device(np.full((n, out_count * dtype.itemsize), 0xA5, np.uint8).view(kdt))
         launch = Launch(self, func, dtype, out)
@@ -121,24 +93,11 @@ class ThreadComm:
             return launch
         t = enqueue.default_tuning(n, self.nch, self.buff)
         plan = enqueue.schedule_coll(t, func, sched_count, dtype.itemsize, algo, proto)
-        work = np.array([[w.part_offset, w.part_count, w.chunk_count, w.count] for w in plan.works], np.int64)
-        nch = plan.nchannels
-        nthreads = self.nthreads or min(640, plan.n_warps * 32)
-        spc, sps = 1, 1
-        if proto == "Simple" and algo == "Ring":
-            spc, sps = enqueue.CHUNKSTEPS[func] // enqueue.SLICESTEPS[func], enqueue.SLICESTEPS[func]
-        split = max(1, nthreads * (3 if proto == "Simple" else 7) // (5 if proto == "Simple" else 10))
-        prm = np.array([K.COLLS[func], K.PROTOS[proto], n, root, int(timeout_s() * 1e9), nthreads, 0, nch,
-                        K.ALGOS[algo], spc, sps, split, sum(1 << r for r in absent)], np.int64)
-        redop = RedOp(op, np.dtype(dtype), n)
-        scal = np.zeros(1, kdt)
-        if func not in ("AllGather", "Broadcast") and redop.premul is not None:
-            scal = np.array([redop.premul]).astype(dtype).view(kdt)
-        kern = K.get_kernel(op, kind_of(dtype) if kdt != np.uint8 else "int")
-        launch.kernel, launch.prm, launch.nch, launch.nthreads = kern, prm, nch, nthreads
-        launch.args = [d.to_device(work), self.ring_t, self.tree_t, inp, out, self.fifo_s.view(kdt), self.fifo_ll,
-                       self.stage.view(kdt), self.stage.view(np.uint32), self.ctrl, self.steps, self.conns,
-                       self.bars, self.abort, d.to_device(scal)]
+        call = make_call(func, dtype, op, n, root, plan, enqueue.chunk_slice_steps(plan), self.nthreads, 0, absent)
+        launch.kernel, launch.prm, launch.nch, launch.nthreads = call.kernel, call.prm, call.nch, call.nthreads
+        launch.args = [d.to_device(call.work), self.ring_t, self.tree_t, inp, out, self.fifo_s.view(kdt),
+                       self.fifo_ll, self.stage.view(kdt), self.stage.view(np.uint32), self.ctrl, self.steps,
+                       self.conns, self.bars, self.abort, d.to_device(call.scal)]
         return launch
 
     def _launch_threads(self, launch: "Launch") -> None:  # pragma: no cover - needs a GPU
@@ -177,13 +136,6 @@ class ThreadComm:
         if errors:
             raise CollectiveError(errors[0])
 
-    def _abort_line(self, func: str, abort) -> str:
-        rank, ch, step, peer, what, group = (int(v) for v in abort[1:7])
-        side = (f"head from rank {peer} (send credit)" if what == 1 else
-                f"{WHAT_NAMES[what]} from rank {peer} (recv)")
-        return (f"rank {rank}: {func} (opCount {self.op_count - 1}) made no progress for {timeout_s():g} s "
-                f"(NCCLLAB_TIMEOUT): channel {ch}{GROUP_NAMES.get(group, '')} step {step} waiting for {side}")
-
 
 class Launch:
     """One prepared collective: ``launch()`` runs it on every rank; ``outputs()`` copies the results back."""
@@ -207,7 +159,7 @@ class Launch:
             c._launch_threads(self)
         abort = np.asarray(c.dev.to_host(c.abort))
         if abort[0]:
-            raise CollectiveError(c._abort_line(self.func, abort))
+            raise CollectiveError(abort_line(self.func, c.op_count - 1, abort))
 
     def outputs(self) -> list[np.ndarray]:
         outs = np.asarray(self.comm.dev.to_host(self.out))

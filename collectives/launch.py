@@ -27,11 +27,13 @@ from transports.net_plugin import NetError
 from misc.shm_segment import ShmError, sweep
 
 from .bootstrap import UniqueId, get_unique_id
+from .device.backend import DeviceError
 from .device.common import CollectiveError
 from misc.sockets import BootstrapError
 
 FAILURE_GRACE_S = 5.0
-REPORTED = (CollectiveError, BootstrapError, NetError, ShmError)  # their message names rank, peer and state: one line
+# their message names rank, peer and state (or the device and what it lacks): one line
+REPORTED = (CollectiveError, BootstrapError, NetError, ShmError, DeviceError)
 
 
 def job_size() -> int | None:

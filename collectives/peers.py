@@ -44,7 +44,7 @@ def buffer_sizes() -> dict:
 
 
 def exchange(bootstrap, rank: int, nranks: int, magic: int, buff_sizes: dict, rings, search_channels: int | None,
-             proto_text: str, algo_text: str) -> Peers:
+             proto_text: str, algo_text: str, device: str = "cpu") -> Peers:
     """The allgather of peer info and the checks that every rank agrees."""
     # What the topology search would find (ring graph channels): explicit rings set it, as NCCL_RINGS did.
     nch = min(search_channels or max(DEFAULT_SEARCH_CHANNELS_CPU, len(rings or [])), MAXCHANNELS // 2)
@@ -53,10 +53,10 @@ def exchange(bootstrap, rank: int, nranks: int, magic: int, buff_sizes: dict, ri
             "nchannels": max(1, nch), "buff_sizes": buff_sizes, "max_channels": max_nchannels(),
             "min_channels": min_nchannels(), "tag": f"{magic:012x}"[-12:] if magic else secrets.token_hex(6),
             "rings": rings, "proto": proto_text.strip().lower(), "algo": algo_text.strip().lower(),
-            "tree_pattern": tree_pattern()}
+            "tree_pattern": tree_pattern(), "device": device}
     info = bootstrap.allgather_obj(mine)
     for key, what in (("buff_sizes", "NCCL_*BUFFSIZE"), ("proto", "NCCL_PROTO"), ("algo", "NCCL_ALGO"),
-                      ("tree_pattern", "NCCLLAB_TREE_PATTERN")):
+                      ("tree_pattern", "NCCLLAB_TREE_PATTERN"), ("device", "--device / NCCLLAB_DEVICE")):
         if len({repr(p[key]) for p in info}) != 1:
             raise ValueError(f"{what} differs across ranks: {[p[key] for p in info]}")
     hosts = [p["host_hash"] for p in info]

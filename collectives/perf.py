@@ -20,6 +20,8 @@ import numpy as np
 from .colls import BY_CLI
 from .comm import Communicator
 from .device.reduce_copy import DTYPES, parse_dtype, parse_op
+from .device.backend import DEVICES
+from .gpu_rank import check_gpu_args, gpu_protocols
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 from .launch import emulated_node, job_size, launched, memory_available, spawn
@@ -64,6 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "pattern and channel count NCCL's search finds on it (python -m collectives.topo)")
     p.add_argument("--sm", type=int, help="with --topo: compute capability of GPUs the file leaves bare")
     p.add_argument("--nvlinks", type=int, help="with --topo: NVLinks per GPU when the file has none")
+    p.add_argument("--device", choices=DEVICES, default=os.environ.get("NCCLLAB_DEVICE", "").strip().lower() or "cpu",
+                   help="where the ranks' buffers and kernels live: cpu (numpy over shared memory), cuda (cupy "
+                        "memory, numba-cuda kernels) or cudasim (numba's CUDA simulator); NCCLLAB_DEVICE")
+    p.add_argument("-t", "--threads", action="store_true",
+                   help="run the -g ranks as threads of this process (GPU devices: several ranks on one GPU, "
+                        "connected by P2P/direct pointer, as nccl-tests' -g N in one process)")
 
 
 def sizes(args) -> list[int]:
@@ -196,6 +204,9 @@ class Runner:
             cells = []
             for in_place in (False, True):
                 t = self.time_one(size, in_place)
+                if t is None:  # a placement this runner does not run (--threads: in place)
+                    cells.append(None)
+                    continue
                 wrong = None
                 if args.check:
                     wrong = sum(comm.bootstrap.allgather_obj(self.check_one(size, in_place, seed + size)))
@@ -229,7 +240,8 @@ class Runner:
 
     def _header(self, out) -> None:
         comm, a = self.comm, self.args
-        ngpus = int(os.environ.get("NCCLLAB_NRANKS", "1"))  # ranks this command started (nccl-tests' -g)
+        # ranks this command started (nccl-tests' -g); all of them in this process with --threads
+        ngpus = comm.nranks if getattr(comm, "in_one_process", False) else int(os.environ.get("NCCLLAB_NRANKS", "1"))
         print(f"# nccl-lab {self.func} test (nccl-tests format): nThread 1 nGpus {ngpus} minBytes {a.minbytes} "
               f"maxBytes {a.maxbytes} step: {a.stepfactor}({'factor' if a.stepfactor > 1 else 'bytes'}) "
               f"warmup iters: {a.warmup_iters} iters: {a.iters} validation: {a.check}", file=out)
@@ -244,7 +256,8 @@ class Runner:
         for info in comm.peer_info:  # the device is the rank's index on its node, as the log's r[dev]
             r = info["rank"]
             dev = [q for q in range(comm.nranks) if node[q] == node[r]].index(r)
-            print(f"#  Rank {r:2d} Group  0 Pid {info['pid']:6d} on {info['host']:>10} device {dev:2d} [cpu] "
+            print(f"#  Rank {r:2d} Group  0 Pid {info['pid']:6d} on {info['host']:>10} device {dev:2d} "
+                  f"[{comm.device.name}] "
                   f"node {node[r]}", file=out)
         print("#", file=out)
         print(f"# {'':>60}out-of-place                       in-place          ", file=out)
@@ -257,7 +270,11 @@ class Runner:
         root = self.args.root if self.coll.rooted else -1
         op = self.op if self.coll.reduces else "none"
         line = f"{nbytes:12d}  {count:12d}  {NCCL_TESTS_TYPE[self.dtype_name]:>8}  {op:>6}  {root:6d}"
-        for t, algbw, busbw, wrong in cells:
+        for cell in cells:
+            if cell is None:
+                line += f"  {'N/A':>7}  {'N/A':>6}  {'N/A':>6}  {'N/A':>6}"
+                continue
+            t, algbw, busbw, wrong = cell
             line += f"  {float_str(t, 7)}  {float_str(algbw, 6)}  {float_str(busbw, 6)}  "
             line += f"{'N/A' if wrong is None else wrong:>6}"
         print(line, file=out, flush=True)
@@ -290,6 +307,10 @@ def check_args(args, nranks: int) -> str | None:
         return f"-g {nranks}: the number of ranks must be at least 1"
     if not 1 <= args.nodes <= nranks:
         return f"--nodes {args.nodes}: must be between 1 and the number of ranks ({nranks})"
+    problem = check_gpu_args(args.device, args.threads, args.nodes, job_size() is not None,
+                             os.environ.get("NCCL_PROTO", ""))
+    if problem:
+        return problem
     if args.minbytes < 0 or args.maxbytes < 0:
         return "-b and -e must not be negative"
     if args.minbytes > args.maxbytes:
@@ -303,7 +324,10 @@ def check_args(args, nranks: int) -> str | None:
     try:
         parse_dtype(args.datatype)
         parse_op(args.op)
-        model = CostModel(cpu_lab(nranks, args.nodes), os.environ.get("NCCL_PROTO", ""),
+        proto = os.environ.get("NCCL_PROTO", "")
+        if args.device != "cpu":
+            proto = gpu_protocols(args.device, proto)
+        model = CostModel(cpu_lab(nranks, args.nodes), proto,
                           os.environ.get("NCCL_ALGO", ""))
         if nranks > 1:  # a setting that leaves this collective nothing to run fails here, not on every rank
             model.choose(BY_CLI[args.coll].name, max(1, args.maxbytes))
@@ -342,6 +366,10 @@ def main(module: str, argv: Sequence[str] | None = None) -> int:
     problem = check_args(args, nranks)
     if problem:
         return _usage(module, problem)
+    os.environ["NCCLLAB_DEVICE"] = args.device  # the ranks' communicators (and their children) take it
+    if args.threads:
+        from .perf_threads import run_threads  # noqa: PLC0415 (it builds on Runner, below)
+        return run_threads(args, nranks)
     if not launched():
         return spawn(nranks, ["-m", module, *argv], nodes=args.nodes)
     emulated_node(args.nodes)

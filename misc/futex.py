@@ -31,8 +31,10 @@ _TS = _Timespec(0, SLEEP_NS)
 AVAILABLE = SYS_FUTEX is not None and os.environ.get("NCCLLAB_FUTEX", "1") != "0"
 
 
-def address(word: np.ndarray) -> int:
-    return word.__array_interface__["data"][0]
+def address(word) -> int:
+    """Where an array's data starts: host memory, or device memory for a CUDA array (cupy, torch)."""
+    face = getattr(word, "__cuda_array_interface__", None) or word.__array_interface__
+    return face["data"][0]
 
 
 def wait(addr: int, expected_low32: int) -> None:

@@ -229,25 +229,11 @@ def _inputs(rng, n, count, dtype):
     return [(rng.standard_normal(count) * 8).astype(np.float32).astype(dtype) for _ in range(n)]
 
 
-def _expected(comm, func, xs, r, proto, algo, root, nch):
-    from collectives import reference
-    kw = dict(rings=comm.rings, nchannels=nch, proto=proto)
-    if func == "AllReduce":
-        trees = [{q: (t.up, list(t.down)) for q, t in comm.trees[c].items()} for c in range(comm.nch)]
-        return reference.all_reduce(xs, algo=algo, trees=trees if algo == "Tree" else None, **kw)
-    if func == "ReduceScatter":
-        return reference.reduce_scatter(xs, r, **kw)
-    if func == "AllGather":
-        return reference.all_gather(xs)
-    if func == "Broadcast":
-        return reference.broadcast(xs, root)
-    return reference.reduce(xs, root, **kw) if r == root else None
-
-
 def bitwise_matrix(dev, small: bool) -> dict:
     import ml_dtypes
     from collectives.device.common import CollectiveError
     from collectives.gpu_threads import ThreadComm
+    from collectives.perf_threads import expected
     nch = 1 if small else 2
     counts = (0, 1001, 3000) if small else (0, 1001, 3000, (1 << 20) + 5, (8 << 20) + 3)
     rows, wrong_total = [], 0
@@ -272,7 +258,7 @@ def bitwise_matrix(dev, small: bool) -> dict:
                             comm = ThreadComm(n, nch, dev)
                             break
                         for r in range(n):
-                            want = _expected(comm, func, xs, r, proto, algo, root, nch)
+                            want = expected(comm, func, xs, r, proto, algo, root, nch)
                             got = outs[r]
                             if want is None:
                                 wrong += int(np.any(got.view(np.uint8) != 0xA5))

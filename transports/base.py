@@ -23,6 +23,8 @@ class CommInfo:
     rank: int
     buff_sizes: dict               # protocol name -> bytes
     dev: Callable[[int], int]      # a rank's index on its node (the ``[d]`` of NCCL's ``r[d]`` log notation)
+    device: object = None          # the GPU device the ranks run on (``collectives/device/backend.py``), or None
+    pool_bytes: int = 0            # on a GPU device: the node's P2P pool (``collectives/device/cuda/layout.py``)
 
 
 class Transport:

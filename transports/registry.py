@@ -1,14 +1,15 @@
 """The transports in NCCL's order of preference (``src/transport.cc``: ``ncclTransports[]`` = P2P, SHM, NET,
-CollNet).  For each connection the first one whose ``can_connect`` agrees wins (``selectTransport``).  A CPU has no
-P2P (peer-mapped device memory is what SHM gives here), so ``NCCL_P2P_DISABLE`` changes nothing; the GPU path adds
-``p2p.py`` at the head of this list.  No CollNet."""
+CollNet).  For each connection the first one whose ``can_connect`` agrees wins (``selectTransport``).  P2P connects
+only ranks on a GPU device (``cuda``, ``cudasim``); on the CPU device SHM is the first that agrees, so there
+``NCCL_P2P_DISABLE`` changes nothing.  No CollNet."""
 from __future__ import annotations
 
 from .base import Transport
 from .net import NetTransport
+from .p2p import P2PTransport
 from .shm import ShmTransport
 
-TRANSPORTS: list[Transport] = [ShmTransport(), NetTransport()]
+TRANSPORTS: list[Transport] = [P2PTransport(), ShmTransport(), NetTransport()]
 
 
 def select_transport(my_info: dict, peer_info: dict) -> Transport:

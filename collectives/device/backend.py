@@ -54,6 +54,10 @@ class Device:
     def stream(self) -> Stream:
         return Stream()
 
+    def wrap(self, host: np.ndarray):
+        """Host memory (a shared-memory segment) as this device's array, without a copy."""
+        return host
+
     def kernel_view(self, arr, dtype=None):
         """What a kernel argument should be: the array itself, retyped (``view``) when asked."""
         return arr if dtype is None else arr.view(dtype)
@@ -82,6 +86,12 @@ class SimDevice(Device):
 
     def to_host(self, arr):
         return arr if isinstance(arr, np.ndarray) else arr.copy_to_host()
+
+    def wrap(self, host: np.ndarray):
+        """The simulator's device array over ``host`` itself: a launch then works in that memory (a segment in
+        /dev/shm is seen by the other ranks' processes), where ``to_device`` would copy."""
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+        return FakeCUDAArray(host)
 
 
 class CudaDevice(Device):

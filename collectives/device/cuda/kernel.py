@@ -16,6 +16,7 @@ import numpy as np
 
 from .api import cuda
 from .clock import SIMULATED
+from .layout import T_DOWN, T_FROM_DOWN, T_FROM_UP, T_TO_DOWN, T_TO_UP, T_UP
 from .prims import P_WORDS, div_up, imin, prims_finish, prims_init
 from .prims_ll import make_ll_op
 from .prims_simple import make_simple_op
@@ -27,10 +28,6 @@ PRM_WORDS = 13
 COLLS = {"Broadcast": 0, "Reduce": 1, "AllGather": 2, "ReduceScatter": 3, "AllReduce": 4}
 PROTOS = {"Simple": 0, "LL": 1}
 ALGOS = {"Ring": 0, "Tree": 1}
-# ring[rank, channel]: [recv conn, send conn, ring index, userRanks...]
-# tree[rank, channel]: [up, down0..2, conn from up, conn to up, conns from down0..2, conns to down0..2]
-T_UP, T_DOWN, T_FROM_UP, T_TO_UP, T_FROM_DOWN, T_TO_DOWN = 0, 1, 4, 5, 6, 9
-TREE_WORDS = 12
 
 # 640 threads (NCCL's maximum) x 96 registers fit a block's 64 K registers; unbounded, numba's kernel uses ~160
 # (ptxas, sm_90), and a launch of more than 384 threads would fail.

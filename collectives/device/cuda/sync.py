@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from .api import cuda
 
-from .clock import now_ns, pause
+from .clock import SIMULATED, now_ns, pause
 
 # abort[5]: what a timed-out wait waited for
 WHAT_TAIL, WHAT_HEAD, WHAT_LL_FLAG = 0, 1, 2
@@ -25,9 +25,17 @@ WHAT_NAMES = {WHAT_TAIL: "tail", WHAT_HEAD: "head", WHAT_LL_FLAG: "LL flag"}
 ABORT_WORDS = 8
 
 
-@cuda.jit(device=True)
-def load(arr, i):
-    return cuda.atomic.add(arr, i, 0)
+if SIMULATED:
+    # The simulator's atomics are a read and a write under a lock of its own process: an add of 0 writes the old
+    # value back, and over shared memory it can undo a store that another rank's process made in between.  A
+    # plain read there is a real load (Python caches nothing), and never writes.
+    @cuda.jit(device=True)
+    def load(arr, i):
+        return arr[i]
+else:
+    @cuda.jit(device=True)
+    def load(arr, i):
+        return cuda.atomic.add(arr, i, 0)
 
 
 @cuda.jit(device=True)
@@ -38,7 +46,7 @@ def publish(arr, i, value):
 
 @cuda.jit(device=True)
 def aborted(abort):
-    return cuda.atomic.add(abort, 0, 0) != 0
+    return load(abort, 0) != 0
 
 
 @cuda.jit(device=True)

@@ -1,0 +1,81 @@
+"""One collective as the persistent kernel takes it (NCCL ``src/enqueue.cc``: ``scheduleCollTasksToPlan`` fills
+``ncclDevWorkColl`` and ``ncclLaunchKernel`` launches ``ncclDevKernel_*`` with it).
+
+``make_call`` turns a schedule (``enqueue.schedule_coll``'s plan) into the kernel's parameter words, the work rows of
+its channels, the pre-multiplier of ``avg``/``premulsum`` and the kernel specialised for the op and element kind.
+Both ways of running ranks use it: threads of one process (``collectives/gpu_threads.py``) and one rank per process
+(``collectives/gpu_rank.py``).  ``abort_line`` words a deadline the kernel hit, from the abort record.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from collectives.device.reduce_copy import RedOp
+from misc.param import timeout_s
+
+from . import kernel as K
+from .reduce import kind_of
+from .sync import WHAT_NAMES
+
+GROUP_NAMES = {0: "", 1: " (tree reduce)", 2: " (tree broadcast)"}
+BYTE_FUNCS = ("AllGather", "Broadcast")  # NCCL retypes these as int8: they move bytes
+
+
+@dataclass
+class Call:
+    kernel: object
+    prm: np.ndarray      # int64[K.PRM_WORDS]
+    work: np.ndarray     # int64[nch, 4]: part offset, part count, chunk count, count
+    scal: np.ndarray     # [1] of the kernel's element type: the pre-multiplier
+    kdt: np.dtype        # the element type the kernel sees
+    nch: int
+    nthreads: int
+
+
+def check(func: str, proto: str, algo: str) -> None:
+    if func not in K.COLLS or proto not in K.PROTOS or algo not in K.ALGOS:
+        raise ValueError(f"{func}/{algo}/{proto}: the GPU kernels run the five ring collectives and Tree "
+                         f"AllReduce, protocols Simple and LL")
+    if algo == "Tree" and func != "AllReduce":
+        raise ValueError(f"{func}: only AllReduce has a Tree algorithm")
+
+
+def kernel_dtype(func: str, dtype) -> np.dtype:
+    """What the kernel computes in: bytes for AllGather and Broadcast, bfloat16's bits as uint16."""
+    if func in BYTE_FUNCS:
+        return np.dtype(np.uint8)
+    return np.dtype(np.uint16) if kind_of(dtype) == "bf16" else np.dtype(dtype)
+
+
+def make_call(func: str, dtype, op: str, nranks: int, root: int, plan, chunk_slice: tuple[int, int],
+              nthreads: int | None, rank_lo: int = 0, absent: tuple = ()) -> Call:
+    """The launch of ``plan`` (one work per channel), for ranks ``rank_lo`` onwards; ``chunk_slice``: its
+    ``calcCollChunking`` chunk and slice steps (``enqueue.chunk_slice_steps``)."""
+    check(func, plan.proto, plan.algo)
+    dtype, kdt = np.dtype(dtype), kernel_dtype(func, dtype)
+    work = np.array([[w.part_offset, w.part_count, w.chunk_count, w.count] for w in plan.works], np.int64)
+    nch = plan.nchannels
+    nthreads = nthreads or min(640, plan.n_warps * 32)
+    spc, sps = chunk_slice[0] // chunk_slice[1], chunk_slice[1]  # slices per chunk, steps per slice
+    # runTreeSplit's reduce group: 3/5 of the threads on Simple (384 of 640), 7/10 on LL (448 of 640)
+    split = max(1, nthreads * (3 if plan.proto == "Simple" else 7) // (5 if plan.proto == "Simple" else 10))
+    prm = np.array([K.COLLS[func], K.PROTOS[plan.proto], nranks, root, int(timeout_s() * 1e9), nthreads, rank_lo,
+                    nch, K.ALGOS[plan.algo], spc, sps, split, sum(1 << r for r in absent)], np.int64)
+    redop = RedOp(op, dtype, nranks)
+    scal = np.zeros(1, kdt)
+    if func not in BYTE_FUNCS and redop.premul is not None:
+        scal = np.array([redop.premul]).astype(dtype).view(kdt)
+    kern = K.get_kernel(op, kind_of(dtype) if kdt != np.uint8 else "int")
+    return Call(kern, prm, work, scal, kdt, nch, nthreads)
+
+
+def abort_line(func: str, op_count: int, abort) -> str:
+    """The one-line error of a wait that ran past its deadline: ``abort`` is ``[1, rank, channel, step, peer,
+    what, group, claimed]`` as ``sync.wait_ge`` wrote it."""
+    rank, ch, step, peer, what, group = (int(v) for v in abort[1:7])
+    side = (f"head from rank {peer} (send credit)" if what == 1 else
+            f"{WHAT_NAMES[what]} from rank {peer} (recv)")
+    return (f"rank {rank}: {func} (opCount {op_count}) made no progress for {timeout_s():g} s "
+            f"(NCCLLAB_TIMEOUT): channel {ch}{GROUP_NAMES.get(group, '')} step {step} waiting for {side}")

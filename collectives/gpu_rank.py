@@ -1,0 +1,127 @@
+"""One rank of a communicator on a GPU device, in its own process (NCCL ``src/enqueue.cc``: ``ncclLaunchKernel``;
+``src/device/common.h``: ``ncclKernelMain``; the connections are ``transports/p2p.py``'s).
+
+The communicator builds this when ``--device``/``NCCLLAB_DEVICE`` is ``cuda`` or ``cudasim``.  At init it numbers
+the node's connections (``layout.connection_tables``: every rank derives the same numbering from the rings and
+trees), which sizes the P2P pool; after the transports have connected it takes its views of that pool.  A
+collective is the communicator's own plan (the cost model's algorithm and protocol, ``schedule_coll``'s channels
+and chunks) launched as this rank's persistent kernel: one block per channel.  The kernel works in the caller's
+buffers; a wait that runs past ``NCCLLAB_TIMEOUT`` writes the pool's abort record, which every rank's kernel
+watches, so all ranks stop and raise the same one-line error.
+Deliberate difference: Simple and LL only (no LL128 kernel); and one node (the kernels have no NET proxy).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from include.device import NCCL_STEPS
+from misc.param import env_int
+
+from .device.backend import Device, DeviceError, get_device
+from .device.common import CollectiveError
+from .graph.tuning import protocol_table
+
+
+def gpu_protocols(device: str, text: str) -> str:
+    """``NCCL_PROTO`` for the GPU kernels: LL128 off unless the user left nothing else; naming LL128 is an error."""
+    if not text.strip():
+        return "^LL128"
+    table = protocol_table(text)
+    if any(row.get("LL128") is True for row in table.values()):
+        raise DeviceError(f"NCCL_PROTO={text!r}: the lab's GPU kernels (--device {device}) have Simple and LL, "
+                         f"not LL128")
+    return text
+
+
+def check_gpu_args(device: str, threads: bool, nodes: int, under_mpirun: bool, proto_text: str) -> str | None:
+    """What a runner can refuse before any rank starts: one line, or None."""
+    if device == "cpu":
+        return "--threads runs the GPU kernels: add --device cuda or --device cudasim" if threads else None
+    if nodes > 1:
+        return f"--nodes {nodes}: the GPU kernels (--device {device}) connect one node's ranks (P2P), not NET"
+    if threads and under_mpirun:
+        return "--threads starts every rank in this process: run it without mpirun"
+    if device == "cuda":
+        import importlib.util
+        missing = [m for m in ("cupy", "numba") if importlib.util.find_spec(m) is None]
+        if missing:
+            return f"--device cuda needs {' and '.join(missing)} (pip install -e .[gpu])"
+    try:
+        gpu_protocols(device, proto_text)
+    except DeviceError as exc:
+        return str(exc)
+    return None
+
+
+def device_and_protocols(name: str | None, proto_text: str) -> tuple[Device, str]:
+    """The communicator's device (``--device`` / ``NCCLLAB_DEVICE``) and the ``NCCL_PROTO`` its kernels can run."""
+    device = get_device(name)
+    return device, proto_text if device.name == "cpu" else gpu_protocols(device.name, proto_text)
+
+
+class GpuRank:
+    @classmethod
+    def for_comm(cls, comm) -> "GpuRank | None":
+        """This rank's GPU side, made once the communicator has its channels; None on the CPU or alone."""
+        if comm.device.name == "cpu" or comm.nranks == 1:
+            return None
+        return cls(comm.device, comm.rank, comm.nranks, comm.rings, comm.trees, comm.nchannels, comm.buff_sizes)
+
+    def __init__(self, device: Device, rank: int, nranks: int, rings: list, trees: list, nchannels: int,
+                 buff_sizes: dict):
+        # numba.cuda is imported only now that the device is chosen: the simulator is decided at its first import
+        from .device.cuda.layout import connection_tables, pool_layout
+        self.dev, self.rank, self.n, self.nch = device, rank, nranks, nchannels
+        self.tables = connection_tables(rings, trees, nranks, nchannels)
+        self.layout = pool_layout(len(self.tables.ids), buff_sizes)
+        self.nthreads = env_int("NCCLLAB_SIM_THREADS", 4) if device.name == "cudasim" else None
+        ll_data = buff_sizes["LL"] // NCCL_STEPS // 2
+        d = device
+        self.ring_t, self.tree_t, self.conns = (d.to_device(x) for x in (self.tables.ring, self.tables.tree,
+                                                                          self.tables.conns))
+        self.stage = d.zeros((1, nchannels, 3, 4, ll_data), np.uint8)  # this rank's LL staging
+        self.bars = d.zeros((1, nchannels, 3, 2), np.int64)              # and its thread groups' barriers
+        self.pool: dict | None = None
+
+    def bind(self, pool, channels: list) -> None:
+        """The pool the P2P transport opened; every connection must be P2P (the kernels have no other)."""
+        for ch in channels:
+            for conn in [*ch.send_to.values(), *ch.recv_from.values()]:
+                if not conn.transport.startswith("P2P"):
+                    raise DeviceError(f"rank {self.rank}: --device {self.dev.name} connects ranks through P2P only, "
+                                     f"but channel {ch.id} reaches rank {conn.peer} via {conn.transport} (ranks on "
+                                     f"several nodes, or NCCL_P2P_DISABLE=1): run those on --device cpu")
+        if pool is None:
+            raise DeviceError(f"rank {self.rank}: --device {self.dev.name} has no P2P pool (one rank alone?)")
+        self.pool = self.layout.views(pool)
+
+    def run(self, task, send, recv, op_count: int) -> None:
+        """Launch ``task`` on this rank; ``send``/``recv`` are its buffers (numpy in the simulator, device arrays
+        on a GPU)."""
+        from .device.cuda.call import abort_line, make_call
+        plan, func, d, p = task.plan, task.func, self.dev, self.pool
+        call = make_call(func, send.dtype, task.op, self.n, task.root, plan, (task.chunk_steps, task.slice_steps),
+                         self.nthreads, rank_lo=self.rank)
+        kdt = call.kdt
+        inp, out = (self._buffer(x, kdt) for x in (send, recv))
+        self.bars[:] = 0
+        args = [call.work, self.ring_t, self.tree_t, inp, out, p["fifo_s"].view(kdt), p["fifo_ll"],
+                self.stage.view(kdt), self.stage.view(np.uint32), p["ctrl"], p["steps"], self.conns, self.bars,
+                p["abort"], call.scal]
+        if d.name == "cudasim":
+            call.kernel[1, call.nch * call.nthreads](d.to_device(call.prm), *(d.to_device(a) if isinstance(
+                a, np.ndarray) else a for a in args))
+        else:  # pragma: no cover - needs a GPU
+            from numba import cuda
+            args = [cuda.as_cuda_array(d.to_device(a)) for a in [call.prm, *args]]
+            call.kernel[call.nch, call.nthreads](*args)
+            d.synchronize()
+        abort = np.asarray(d.to_host(p["abort"]))
+        if abort[0]:
+            raise CollectiveError(abort_line(func, op_count, abort))
+
+    def _buffer(self, arr, kdt):
+        """A user buffer as the kernel's ``[1, elements]`` row, in place (no copy)."""
+        if isinstance(arr, np.ndarray):
+            return self.dev.wrap(arr.reshape(-1).view(kdt).reshape(1, -1))
+        return self.dev.to_device(arr).reshape(-1).view(kdt).reshape(1, -1)  # pragma: no cover - needs a GPU

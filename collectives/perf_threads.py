@@ -1,0 +1,121 @@
+"""``--threads``: the runner's ranks as threads of one process on one GPU device (nccl-tests' ``-g N`` in one
+process, NCCL ``src/transport/p2p.cc``'s ``via P2P/direct pointer``), the way to run several ranks on one GPU.
+
+``ThreadsRunner`` is ``perf.Runner`` over ``collectives/gpu_threads.py``'s ``ThreadComm``: the same sizes, the same
+table and JSON, the same bitwise check against ``collectives.reference`` (fresh inputs, outputs poisoned with 0xA5).
+Each size is prepared once and timed by relaunching it, so the time is the kernels' (every rank's stream on
+``cuda``; one launch of all ranks in the simulator).  The algorithm and protocol are the cost model's choice (or
+``NCCL_ALGO``/``NCCL_PROTO``), as in the process path.
+Deliberate difference: out-of-place only; the in-place columns read N/A (``ThreadComm`` owns its buffers).
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from . import enqueue
+from .graph.cost_model import CostModel
+from .graph.presets import cpu_lab
+from .gpu_rank import gpu_protocols
+from .perf import Runner, random_input
+
+
+def expected(tc, func: str, xs: list, r: int, proto: str, algo: str, root: int, nch: int, op: str = "sum"):
+    """What rank ``r`` of ``tc`` must hold after ``func`` (None: a non-root's Reduce), in NCCL's order."""
+    from collectives import reference
+    kw = dict(rings=tc.rings, nchannels=nch, proto=proto)
+    if func == "AllReduce":
+        trees = [{q: (t.up, list(t.down)) for q, t in tc.trees[c].items()} for c in range(tc.nch)]
+        return reference.all_reduce(xs, op, algo=algo, trees=trees if algo == "Tree" else None, **kw)
+    if func == "ReduceScatter":
+        return reference.reduce_scatter(xs, r, op, **kw)
+    if func == "AllGather":
+        return reference.all_gather(xs)
+    if func == "Broadcast":
+        return reference.broadcast(xs, root)
+    return reference.reduce(xs, root, op, **kw) if r == root else None
+
+
+class _Bootstrap:
+    """One process holds every rank: an allgather is the value itself."""
+
+    @staticmethod
+    def allgather_obj(value):
+        return [value]
+
+
+class ThreadsComm:
+    """What ``perf.Runner`` asks of a communicator, answered for the ranks of one ``ThreadComm``."""
+    in_one_process = True
+
+    def __init__(self, tc):
+        self.tc, self.rank, self.nranks, self.nnodes, self.nchannels = tc, 0, tc.n, 1, tc.nch
+        self.bootstrap, self.node_of_rank, self.device = _Bootstrap(), [0] * tc.n, tc.dev
+        self.peer_info = [{"rank": r, "pid": os.getpid(), "host": os.uname().nodename} for r in range(tc.n)]
+        proto = gpu_protocols(tc.dev.name, os.environ.get("NCCL_PROTO", ""))
+        self.cost_model = CostModel(cpu_lab(tc.n, 1, 1, tc.nch), proto, os.environ.get("NCCL_ALGO", ""))
+
+    def barrier(self) -> None:
+        pass
+
+    def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
+        itemsize = np.dtype(dtype).itemsize
+        algo, proto, _ = self.cost_model.choose(func, itemsize * enqueue.max_send_recv_count(func, self.nranks,
+                                                                                               count))
+        return enqueue.schedule_coll(enqueue.default_tuning(self.nranks, self.nchannels, self.tc.buff), func,
+                                     max(count, 1), itemsize, algo, proto)
+
+
+class ThreadsRunner(Runner):
+    def _inputs(self, size: int, seed: int | None) -> tuple[int, list]:
+        param, nsend, _ = self.counts(size)
+        n = self.comm.nranks
+        if seed is None:
+            return param, [np.ones(nsend, self.dtype) for _ in range(n)]
+        return param, [random_input(np.random.default_rng([seed, q]), nsend, self.dtype) for q in range(n)]
+
+    def _prepare(self, param: int, xs: list):
+        plan = self.comm.plan(self.func, param, self.dtype)
+        return plan, self.comm.tc.prepare(self.func, xs, self.op, self.args.root, plan.proto, plan.algo)
+
+    def time_one(self, size: int, in_place: bool) -> float | None:
+        if in_place:
+            return None
+        param, xs = self._inputs(size, None)
+        _, launch = self._prepare(param, xs)
+        for _ in range(self.args.warmup_iters):
+            launch()
+        t0 = time.perf_counter()
+        for _ in range(self.args.iters):
+            launch()
+        return (time.perf_counter() - t0) / max(1, self.args.iters)
+
+    def check_one(self, size: int, in_place: bool, seed: int) -> int | None:
+        if in_place:
+            return None
+        param, xs = self._inputs(size, seed)
+        plan, launch = self._prepare(param, xs)
+        launch()
+        outs, wrong = launch.outputs(), 0
+        for r in range(self.comm.nranks):
+            want = expected(self.comm.tc, self.func, xs, r, plan.proto, plan.algo, self.args.root, plan.nchannels,
+                            self.op)
+            if want is not None:
+                w = self.dtype.itemsize
+                wrong += int(np.count_nonzero((outs[r].view(np.uint8).reshape(-1, w)
+                                               != np.asarray(want).view(np.uint8).reshape(-1, w)).any(axis=1)))
+        return wrong
+
+
+def run_threads(args, nranks: int) -> int:
+    """The sweep with ``nranks`` ranks as threads of this process on ``args.device``; 1 if any element was wrong."""
+    from .device.backend import get_device
+    dev = get_device(args.device)  # before numba.cuda is imported: the simulator is decided there
+    from .gpu_threads import ThreadComm
+    nch = int(os.environ.get("NCCL_MAX_NCHANNELS", "0") or 0) or (1 if dev.name == "cudasim" else 16)
+    tc = ThreadComm(nranks, nch, dev)
+    runner = ThreadsRunner(ThreadsComm(tc), args)
+    records = runner.run()
+    return 1 if any(r["wrong"] for r in records) else 0

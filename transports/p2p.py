@@ -1,0 +1,144 @@
+"""Peer-to-peer transport between ranks on one node's GPUs (NCCL ``src/transport/p2p.cc``: ``p2pCanConnect``,
+``p2pSendSetup``/``p2pRecvSetup``, ``p2pSendConnect``/``p2pRecvConnect``, ``p2pMap``; ``src/graph/paths.cc``:
+``ncclTopoCheckP2p`` decides read or write).
+
+* **Can connect:** both ranks run on a GPU device (``cuda``, or numba's simulator ``cudasim``) on the same host, and
+  ``NCCL_P2P_DISABLE`` is not 1.  P2P is first in the registry, as in NCCL, so on a GPU every intra-node edge is P2P.
+* **Write or read:** write by default.  NCCL turns read on only for NVLink between two sm80 GPUs; ranks sharing one
+  GPU have no NVLink path, so it is off unless ``NCCL_P2P_READ_ENABLE=1``.  With read, NCCL places the Simple FIFO
+  in the sender's memory (``ncclSendMem``) and LL stays with the receiver; the log line then ends in ``/read``.
+* **How a rank reaches its peer's memory:** ranks in one process use the pointer itself (``via P2P/direct
+  pointer``, ``collectives/gpu_threads.py``); ranks in separate processes on ``cuda`` exchange a legacy CUDA IPC
+  handle (cupy's ``ipcGetMemHandle``/``ipcOpenMemHandle``: ``via P2P/IPC``).  Under ``cudasim`` the simulator's
+  device memory is host memory, so the pool is a POSIX shared-memory segment standing in for the IPC handle (said
+  at INFO); the log line stays ``via P2P/IPC``.
+Deliberate differences: the connection memory of a node is one pool (``collectives/device/cuda/layout.py``), made
+by the node's first rank and opened by the others, instead of one allocation and handle per connection; and no
+``P2P/CUMEM`` (cuMem handles passed as file descriptors), which ``scripts/gpu_check.py`` only probes.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from misc.param import env_int
+from misc.shm_segment import ShmSegment
+from tracing import debug
+
+from .base import CommInfo, Transport
+
+NAME = "P2P"
+GPU_DEVICES = ("cuda", "cudasim")
+HANDLE_BYTES = 64  # cudaIpcMemHandle_t
+
+
+def use_read() -> bool:
+    """``p2pGetInfo``: the topology's answer (no NVLink between ranks of one GPU: write), unless
+    ``NCCL_P2P_READ_ENABLE`` says otherwise."""
+    return env_int("NCCL_P2P_READ_ENABLE", -2) == 1
+
+
+def log_connection(channel: int, me: int, my_dev: int, peer: int, peer_dev: int, path: str) -> None:
+    """``p2pSendSetup``'s INFO line, printed by the sending side."""
+    debug.info("INIT|P2P", f"Channel {channel:02d}/0 : {me}[{my_dev}] -> {peer}[{peer_dev}] via P2P/{path}"
+                           f"{'/read' if use_read() else ''}")
+
+
+class P2PState:
+    """The node's pool as this rank sees it: the owner (the node's first rank) allocates it, the others open it."""
+
+    def __init__(self, info: CommInfo, device):
+        self.info, self.device = info, device
+        self.owner = info.dev(info.rank) == 0
+        self.name = f"nccllab-{info.tag}-p2p"
+        self.segment: ShmSegment | None = None
+        self.base = None       # uint8 device array of the whole pool
+        self.ipc_ptr = None    # cuda, not the owner: the opened IPC mapping
+        if self.owner:
+            self._create()
+
+    def _create(self) -> None:
+        nbytes = self.info.pool_bytes
+        if self.device.name == "cudasim":
+            self.segment = ShmSegment(self.name, nbytes, create=True)
+            debug.info("P2P", f"numba's CUDA simulator: the P2P pool ({nbytes} bytes) is POSIX shared memory "
+                              f"/dev/shm/{self.name}, standing in for a cudaIpcMemHandle")
+            self.base = self.device.wrap(self.segment.array)
+            return
+        cp = self.device.cp  # pragma: no cover - needs a GPU
+        self.base = cp.zeros(nbytes, np.uint8)
+        cp.cuda.runtime.deviceSynchronize()  # zeroed before any peer maps it
+        handle = cp.cuda.runtime.ipcGetMemHandle(self.base.data.ptr)
+        self.segment = ShmSegment(self.name, HANDLE_BYTES, create=True)
+        self.segment.array[:len(handle)] = np.frombuffer(handle, np.uint8)
+        debug.info("P2P|ALLOC", f"Allocated shareable buffer {hex(self.base.data.ptr)} size {nbytes}")
+
+    def open(self) -> None:
+        """A non-owner maps the pool; called after the connect blobs' allgather, so the owner has made it."""
+        if self.base is not None:
+            return
+        nbytes = self.info.pool_bytes
+        if self.device.name == "cudasim":
+            self.segment = ShmSegment(self.name, nbytes, create=False)
+            self.base = self.device.wrap(self.segment.array)
+            return
+        cp = self.device.cp  # pragma: no cover - needs a GPU
+        self.segment = ShmSegment(self.name, HANDLE_BYTES, create=False)
+        self.ipc_ptr = cp.cuda.runtime.ipcOpenMemHandle(bytes(self.segment.array[:HANDLE_BYTES]))
+        mem = cp.cuda.UnownedMemory(self.ipc_ptr, nbytes, self)
+        self.base = cp.ndarray((nbytes,), np.uint8, cp.cuda.MemoryPointer(mem, 0))
+        debug.info("P2P", f"Imported shareable buffer device {self.info.dev(self.info.rank)} size {nbytes} ptr "
+                          f"{hex(self.ipc_ptr)}")
+
+    def close(self) -> None:
+        if self.segment is not None:
+            self.segment.unlink()
+        if self.ipc_ptr is not None:  # pragma: no cover - needs a GPU
+            self.device.cp.cuda.runtime.ipcCloseMemHandle(self.ipc_ptr)
+            self.ipc_ptr = None
+
+
+class P2PConnector:
+    """What the communicator keeps per (channel, peer, direction): the pool row is found by
+    ``layout.connection_tables``; the kernel reads it from the pool, not from here."""
+
+    def __init__(self, peer: int, is_send: bool, path: str):
+        self.peer, self.is_send, self.transport = peer, is_send, f"P2P/{path}"
+        self.proxy_conn = None  # no proxy: the GPUs reach each other's memory
+
+
+class P2PTransport(Transport):
+    name = NAME
+
+    def can_connect(self, my_info: dict, peer_info: dict) -> bool:
+        """``p2pCanConnect``: same host, both on a GPU device, P2P not disabled."""
+        return (my_info.get("device") in GPU_DEVICES and peer_info.get("device") == my_info.get("device")
+                and my_info["host_hash"] == peer_info["host_hash"] and env_int("NCCL_P2P_DISABLE", 0) != 1)
+
+    def new_state(self, info: CommInfo) -> P2PState:
+        return P2PState(info, info.device)
+
+    def setup(self, state: P2PState, channel: int, peer: int, is_send: bool) -> dict:
+        return {"pid": os.getpid(), "read": use_read()}
+
+    def connect(self, state: P2PState, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
+                deadline: float) -> P2PConnector:
+        state.open()
+        path = "direct pointer" if peer_blob["pid"] == os.getpid() else "IPC"
+        if is_send:
+            me, dev = state.info.rank, state.info.dev
+            log_connection(channel, me, dev(me), peer, dev(peer), path)
+        return P2PConnector(peer, is_send, path)
+
+    def connected(self, state: P2PState) -> None:
+        if state.owner and state.segment is not None:
+            state.segment.unlink()  # every peer has opened the pool: nothing of ours stays in /dev/shm
+
+    def free(self, state: P2PState, drain: bool = True) -> None:
+        state.close()
+
+
+def pool_of(states: dict):
+    """The P2P pool (uint8 device array) among a communicator's transport states, or None."""
+    return next((s.base for t, s in states.items() if t.name == NAME), None)
