@@ -51,3 +51,33 @@ def test_what_the_gpu_path_cannot_do_is_one_line(env, msg):
                      timeout=120)
     assert proc.returncode != 0 and msg in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _runner(*args, env=None):
+    import os
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "collectives.ring", *args], capture_output=True, text=True,
+                          timeout=240, env={**os.environ, **SIM, **(env or {})})
+
+
+@pytest.mark.parametrize("mode", [[], ["--threads"]])
+def test_runner_on_the_simulator(mode):
+    """``--device cudasim``: ranks as processes (P2P/IPC) or, with ``--threads``, as threads of one process; the
+    runner's own bitwise check passes and its table says where the ranks ran."""
+    proc = _runner("--device", "cudasim", *mode, "-g", "2", "-b", "1K", "-e", "4K", "-f", "4", "-n", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "# Out of bounds values : 0 OK" in proc.stdout
+    assert "[cudasim]" in proc.stdout
+    rows = [line.split() for line in proc.stdout.splitlines() if line.strip() and not line.startswith("#")]
+    assert len(rows) == 2 and all(r[-1] == ("N/A" if mode else "0") for r in rows)  # --threads: out of place only
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--threads"], "--threads runs the GPU kernels: add --device cuda or --device cudasim"),
+    (["--device", "cudasim", "--nodes", "2"], "connect one node's ranks (P2P), not NET"),
+    (["--device", "tpu"], "invalid choice: 'tpu'"),
+])
+def test_runner_refuses_what_the_gpu_path_cannot_do_before_ranks_start(args, msg):
+    proc = _runner(*args, "-g", "2", "-b", "8", "-e", "8", env={"NCCLLAB_DEVICE": ""})
+    assert proc.returncode == 2 and msg in proc.stderr and "Traceback" not in proc.stderr
