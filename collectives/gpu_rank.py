@@ -65,6 +65,7 @@ class GpuRank:
         """This rank's GPU side, made once the communicator has its channels; None on the CPU or alone."""
         if comm.device.name == "cpu" or comm.nranks == 1:
             return None
+        comm.device.select(comm.local_rank)  # before any allocation: the pool, the tables, the staging
         return cls(comm.device, comm.rank, comm.nranks, comm.rings, comm.trees, comm.nchannels, comm.buff_sizes)
 
     def __init__(self, device: Device, rank: int, nranks: int, rings: list, trees: list, nchannels: int,

@@ -58,6 +58,10 @@ class Device:
         """Host memory (a shared-memory segment) as this device's array, without a copy."""
         return host
 
+    def select(self, local_rank: int) -> int:
+        """Take this rank's GPU (``cudaSetDevice(localRank % count)``, as nccl-tests does); returns its index."""
+        return 0
+
     def kernel_view(self, arr, dtype=None):
         """What a kernel argument should be: the array itself, retyped (``view``) when asked."""
         return arr if dtype is None else arr.view(dtype)
@@ -124,6 +128,13 @@ class CudaDevice(Device):
 
     def stream(self) -> Stream:
         return Stream(self.cp.cuda.Stream(non_blocking=True))
+
+    def select(self, local_rank: int) -> int:
+        index = local_rank % self.cp.cuda.runtime.getDeviceCount()
+        self.cp.cuda.Device(index).use()
+        from numba import cuda
+        cuda.select_device(index)  # numba's context on the same GPU as cupy's
+        return index
 
     def synchronize(self) -> None:
         self.cp.cuda.runtime.deviceSynchronize()
