@@ -27,6 +27,17 @@ def test_compiled_matches_readable_over_net_with_sleeping_ranks():
     assert proc.stdout.count(" ok ") == 4, proc.stdout
 
 
+def test_compiled_waits_of_oversubscribed_ranks_leave_no_sleep_mark():
+    # 3 ranks on this machine's 2 cores: a blocked compiled call yields, then marks and sleeps on the doorbell or
+    # head itself (rank 0 comes late to the first call of each kind, so that the others do sleep); after every
+    # call no mark of a rank may stay set (a stale one makes every post a futex wake) and the bits stay the
+    # readable path's.
+    case = Case(counts=[3, 5000], dtypes=["float32", "int64"], ops=["sum", "min"], channels=1,
+                colls=["allreduce", "allgather", "reducescatter"])
+    proc = run_ranks(3, "ll_paths", case.arg())
+    assert proc.stdout.count(" ok ") == 3, proc.stdout
+
+
 def test_mismatch_is_still_named_on_the_compiled_path():
     t0 = time.monotonic()
     proc = run_ranks(3, "mismatch", "count", env={"NCCLLAB_TIMEOUT": "20", "NCCL_PROTO": "LL"}, check=False,

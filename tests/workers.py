@@ -410,9 +410,16 @@ def ll_paths(args: list[str]) -> None:
                                 if in_place:
                                     send[...] = xs[r]
                                 root = (count + 1) % n
+                                if r == 0 and count == case.counts[0]:  # the others wait long enough to sleep
+                                    time.sleep(0.02)
                                 res = coll.call(comm, send, out, op, root)
                                 got.append((f"{coll.name} {dtype} {op} count={count} in_place={in_place}",
                                             bits(np.asarray(res)).copy()))
+                                stale = [(ch.id, c.peer) for ch in comm.channels for c in
+                                         [*ch.recv_from.values()] if c.tail_sleep[0]] + \
+                                        [(ch.id, c.peer) for ch in comm.channels for c in
+                                         [*ch.send_to.values()] if c.head_sleep[0]]
+                                assert not stale, f"rank {r}: sleep marks left set after a call: {stale}"
         results.append((seed, got))
     for (what, a), (_, b) in zip(results[0][1], results[1][1]):
         if not np.array_equal(a, b):

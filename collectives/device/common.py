@@ -106,6 +106,8 @@ class Kernel:
                     active.remove(g)
                     self.progress += 1
             if self.progress != last_progress:
+                if armed is not None:  # it moved before we slept: take the mark back (a stale one costs the
+                    armed[2][0], armed = 0, None  # poster a futex wake on every post)
                 last_progress, spins = self.progress, 0
                 self.wait_state.clear()
                 last_change = time.monotonic()

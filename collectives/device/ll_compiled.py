@@ -19,7 +19,9 @@ It runs when the plan is Ring/LL, nothing is traced (the trace needs the readabl
 numba computes natively (not float16/bfloat16) and the op is not avg; ``NCCLLAB_LL_COMPILED=0`` turns it off.  The
 communicator says at INFO which one runs.  ``run_ops`` spins at most ``max_idle`` rounds without progress, then
 returns what each channel waits for, so that the kernel's wait policy (yield, futex sleep, health checks, deadline,
-hang report) stays the one in ``common.Kernel``.
+hang report) stays the one in ``common.Kernel``.  With more ranks than cores it first waits itself, the way
+``Kernel.run`` would (``sched_yield``, then the futex sleep on the same words and marks), and returns only every
+``SLEEPS_EACH`` sleeps: a round trip through Python per try cost more than the hop it waited for.
 One place the two paths may part: user buffers that partly overlap at an offset (undefined in NCCL too), which the
 element loop here and numpy's buffered ufuncs there resolve differently; exact in-place calls agree.
 Deliberate difference: NCCL has only the compiled kernel; this one exists because the Python primitives cost tens
@@ -44,10 +46,12 @@ REC, SND, SRC, DST, NELEM, FROM_OUT, PRIM = range(7)
 # The control array: a header, then one row per channel (addresses first, then where the channel stands).
 (STEP_BYTES, FLAG_MOD, CLEAN_MASK, OPCODE, MAX_IDLE, IS_FLOAT, NCH, MY_DESC, PROG, CANON, SIG) = range(11)
 DESC_ROWS, DESC_COLS = SIG + 6, SIG + 7  # SIG takes 6 words: [opCount + 1, function, count, datatype, op, root]
+SLEEPS, YIELDS = DESC_COLS + 1, DESC_COLS + 2  # oversubscribed: futex sleeps before returning, yields before one
 HEADER = 20
 (RWORDS, SWORDS, SHEAD, RHEAD, RSTAGE, SSTAGE, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, FIFO, PDESC, RSTEP_W,
- SSTEP_W, FIRST, END, PC, LINES, RSTEP, SSTEP, CHECKED, WAIT, WSTEP, CREDIT) = range(23)
-COLS = 23
+ SSTEP_W, FIRST, END, PC, LINES, RSTEP, SSTEP, CHECKED, WAIT, WSTEP, CREDIT, R_TAILSLEEP, R_DOORBELL,
+ S_HEADSLEEP) = range(26)
+COLS = 26
 WAIT_HEAD, WAIT_FLAG, WAIT_MISMATCH = 1, 2, 3
 DONE, BLOCKED, MISMATCH = 0, 1, 2
 PRIMS = ["send", "send_from_output", "copy_send", "recv", "recv_reduce_send", "recv_reduce_copy",
@@ -56,6 +60,7 @@ SUPPORTED = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.in
                                    np.float64)}
 # libc's syscall(2), resolved by name when numba links (a ctypes pointer would stop numba caching the kernel).
 _syscall = numba.types.ExternalFunction("syscall", numba.int64(*[numba.int64] * 7))
+_sched_yield = numba.types.ExternalFunction("sched_yield", numba.int32())
 _SYS_FUTEX = futex.SYS_FUTEX if futex.SYS_FUTEX is not None else -1  # numba wants an int constant
 
 
@@ -138,6 +143,7 @@ class Compiled:
                  SSTEP_W]] = [addr(rc.words["LL"]), addr(sc.words["LL"]), addr(sc.head), addr(rc.head),
                               addr(rc.staging("LL", nwords)), addr(sc.staging("LL", nwords)), addr(sc.tail_sleep),
                               addr(sc.doorbell), addr(rc.head_sleep), addr(rc.step_word), addr(sc.step_word)]
+            row[[R_TAILSLEEP, R_DOORBELL, S_HEADSLEEP]] = [addr(rc.tail_sleep), addr(rc.doorbell), addr(sc.head_sleep)]
             row[FIFO] = addr(sc.conn_fifo) if sc.conn_fifo is not None else 0  # proxied (NET): tell the proxy
             row[PDESC] = addr(page.desc) if page is not None else 0  # a remote peer has no page to compare
             row[FIRST], row[END] = first, first + len(prog)
@@ -147,11 +153,14 @@ class Compiled:
             len(self.channels), addr(my_page.desc), addr(self.prog), *my_page.desc.shape]
         ctl[CANON] = np.array(CANONICAL_NAN.get(dtype.itemsize, 0), np.uint64).view(np.int64)
 
-    def run(self, inp: np.ndarray, out: np.ndarray, sig: np.ndarray, opcode: int, max_idle: int) -> int:
-        """Start the call (publish ``sig``, load the step counters) and run it until done or blocked."""
+    def run(self, inp: np.ndarray, out: np.ndarray, sig: np.ndarray, opcode: int, max_idle: int,
+            sleeps: int = 0, yields: int = 0) -> int:
+        """Start the call (publish ``sig``, load the step counters) and run it until done or blocked; ``sleeps``
+        > 0 (more ranks than cores): a blocked call yields ``yields`` times, then sleeps on what it waits for, up
+        to ``sleeps`` times before it returns."""
         ctl = self.ctl
         ctl[SIG:SIG + 6] = sig
-        ctl[OPCODE], ctl[MAX_IDLE] = opcode, max_idle
+        ctl[OPCODE], ctl[MAX_IDLE], ctl[SLEEPS], ctl[YIELDS] = opcode, max_idle, sleeps, yields
         return run_ops(ctl, inp, out, 1)
 
     def resume(self, inp: np.ndarray, out: np.ndarray) -> int:
@@ -199,11 +208,19 @@ class Cache:
         return got
 
 
+# More ranks than cores: a blocked call yields this many times, then sleeps on what it waits for (each sleep at
+# most futex.SLEEP_NS), returning to Kernel.run (health checks, deadline) after this many sleeps.  Measured at n=8
+# on 2 cores, 8 B AllReduce (benchmarks/allreduce_vs_mpi.py): yields 0: 346-395 us, 30: 318-379, 300: 225-284,
+# 1000: 103-286, 3000: 191-218; returning to Python after 2 idle rounds as before: 395-484.
+YIELDS_BEFORE_SLEEP, SLEEPS_EACH = 1000, 50
+
+
 def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, op: str, sig: np.ndarray) -> None:
     """The kernel for one compiled call.  Most calls end in the first try; a blocked one lets ``Kernel.run`` wait
     between tries (yield or sleep, check the peers and the deadline, write the hang report)."""
-    status = compiled.run(inp, out, sig, OPS[op], 2 if kernel.sleep else 4096)
-    if status != DONE:  # more ranks than cores: yield at once, sleep after 30 rounds (measured best at n=8)
+    status = compiled.run(inp, out, sig, OPS[op], 2 if kernel.sleep else 4096, *((SLEEPS_EACH, YIELDS_BEFORE_SLEEP)
+                                                                                  if kernel.sleep else ()))
+    if status != DONE:  # (after SLEEPS_EACH sleeps) yield at once, sleep after 30 rounds
         kernel.run([_resume(kernel, compiled, inp, out, status)], *((0, 30) if kernel.sleep else ()))
 
 
@@ -248,6 +265,51 @@ def _fence(typingctx):
 @numba.njit(nogil=True, cache=True)
 def _wake(addr):
     _syscall(_SYS_FUTEX, addr, futex.FUTEX_WAKE, futex.WAKE_ALL, 0, 0, 0)
+
+
+@numba.njit(nogil=True, cache=True)
+def next_blocked(ctl, nch):
+    """The first channel not done (what a blocked call sleeps on)."""
+    for c in range(nch):
+        st = ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
+        if st[PC] < st[END]:
+            return c
+    return 0
+
+
+@numba.njit(nogil=True, cache=True)
+def _wait_words(ctl, c):
+    """(the word channel ``c`` sleeps on, its sleep mark): the reader's doorbell for LL flags, head for credit."""
+    st = ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
+    if st[WAIT] == WAIT_HEAD:
+        return st[SHEAD], st[S_HEADSLEEP]
+    return st[R_DOORBELL], st[R_TAILSLEEP]
+
+
+@numba.njit(nogil=True, cache=True)
+def _arm(ctl, c):
+    """``Kernel._arm``: remember the word's value, then mark its line sleeping; the caller looks once more."""
+    word, mark = _wait_words(ctl, c)
+    value = numba.carray(_ptr(word), 1, np.uint32)[0]
+    numba.carray(_ptr(mark), 1, np.uint32)[0] = np.uint32(1)
+    _fence()
+    return np.int64(value)
+
+
+@numba.njit(nogil=True, cache=True)
+def _unarm(ctl, c):
+    word, mark = _wait_words(ctl, c)
+    numba.carray(_ptr(mark), 1, np.uint32)[0] = np.uint32(0)
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def _sleep(ctl, c, value):
+    """``futex.wait``: block while the word still holds ``value``, for at most ``futex.SLEEP_NS``."""
+    word, _ = _wait_words(ctl, c)
+    ts = np.empty(2, np.int64)
+    ts[0], ts[1] = 0, futex.SLEEP_NS
+    _syscall(_SYS_FUTEX, word, futex.FUTEX_WAIT, value, ts.ctypes.data, 0, 0)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -298,7 +360,7 @@ def run_ops(ctl, inp, out, starting):
             st[RSTEP] = numba.carray(_ptr(st[RSTEP_W]), 1, np.int64)[0]
             st[SSTEP] = numba.carray(_ptr(st[SSTEP_W]), 1, np.int64)[0]
     _fence()  # a sleeper's mark, stored before this call, is visible before we look at the flags again
-    idle = 0
+    idle, yields, sleeps, armed, armed_value = 0, 0, 0, -1, 0
     while True:
         remaining, moved = 0, False
         for c in range(nch):
@@ -396,10 +458,29 @@ def run_ops(ctl, inp, out, starting):
                 numba.carray(_ptr(st[RSTEP_W]), 1, np.int64)[0] = st[RSTEP]
                 numba.carray(_ptr(st[SSTEP_W]), 1, np.int64)[0] = st[SSTEP]
         if remaining == 0:
+            if armed >= 0:
+                _unarm(ctl, armed)
             return DONE
         if moved:
-            idle = 0
+            idle, yields, sleeps = 0, 0, 0
+            if armed >= 0:
+                armed = _unarm(ctl, armed)
+            continue
+        idle += 1
+        if idle < max_idle:
+            continue
+        # Blocked.  With more ranks than cores, wait here rather than in Python (a round trip through Kernel.run
+        # per try costs more than a hop): yield the core a few times, then sleep on what the first blocked
+        # channel waits for, as Kernel.run would (mark, look once more, futex wait, bounded).
+        if ctl[SLEEPS] == 0 or (armed < 0 and sleeps >= ctl[SLEEPS]):
+            return BLOCKED
+        if armed >= 0:
+            _sleep(ctl, armed, armed_value)
+            armed = _unarm(ctl, armed)
+            sleeps += 1
+        elif yields < ctl[YIELDS]:
+            yields += 1
+            _sched_yield()
         else:
-            idle += 1
-            if idle >= max_idle:
-                return BLOCKED
+            armed = next_blocked(ctl, nch)
+            armed_value = _arm(ctl, armed)
