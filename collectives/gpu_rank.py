@@ -23,13 +23,14 @@ from .graph.tuning import protocol_table
 
 
 def gpu_protocols(device: str, text: str) -> str:
-    """``NCCL_PROTO`` for the GPU kernels: LL128 off unless the user left nothing else; naming LL128 is an error."""
+    """``NCCL_PROTO`` for the GPU kernels: ``^LL128`` when unset; a setting that leaves LL128 on is an error."""
     if not text.strip():
         return "^LL128"
     table = protocol_table(text)
-    if any(row.get("LL128") is True for row in table.values()):
-        raise DeviceError(f"NCCL_PROTO={text!r}: the lab's GPU kernels (--device {device}) have Simple and LL, "
-                         f"not LL128")
+    funcs = [f for f, row in table.items() if row.get("LL128") is True]
+    if funcs:
+        raise DeviceError(f"NCCL_PROTO={text!r} leaves LL128 on ({', '.join(funcs)}): the lab's GPU kernels "
+                          f"(--device {device}) have Simple and LL, not LL128")
     return text
 
 
