@@ -22,10 +22,22 @@ from .device.reduce_copy import dtype_name
 SUM, PROD, MAX, MIN, AVG = "sum", "prod", "max", "min", "avg"  # nccl4py's names for ncclRedOp_t
 
 
+DLPACK_ON_GPU = (2, 3, 13)  # kDLCUDA, kDLCUDAHost, kDLCUDAManaged
+
+
+def on_gpu(x) -> bool:
+    """An array in CUDA memory: the CUDA array interface, or DLPack naming a CUDA device."""
+    try:
+        if hasattr(x, "__cuda_array_interface__"):
+            return True
+        return hasattr(x, "__dlpack_device__") and x.__dlpack_device__()[0] in DLPACK_ON_GPU
+    except Exception:  # e.g. torch refuses the interface for a tensor that requires grad: not usable as is
+        return False
+
+
 def is_array(x) -> bool:
-    """A buffer: numpy, or an array on a GPU (CUDA array interface or DLPack)."""
-    return isinstance(x, np.ndarray) or hasattr(x, "__cuda_array_interface__") or (
-        hasattr(x, "__dlpack__") and not isinstance(x, (list, tuple)))
+    """A buffer: numpy, or an array in CUDA memory."""
+    return isinstance(x, np.ndarray) or on_gpu(x)
 
 
 def buffer_first(name: str, rest: tuple, out, value, default):
@@ -52,7 +64,11 @@ def on_device(name: str, arr, device):
         where = device.name if device is not None else "cpu"
         raise TypeError(f"{name}: a {type(arr).__name__} lives on a GPU, and this communicator runs on --device "
                         f"{where}: pass numpy, or use --device cuda")
-    return device.to_device(arr)
+    arr = device.to_device(arr)
+    if arr.device.id != device.cp.cuda.runtime.getDevice():  # as NCCL's pointer check: this rank's GPU only
+        raise ValueError(f"{name}: the buffer is on GPU {arr.device.id}, this rank runs on GPU "
+                         f"{device.cp.cuda.runtime.getDevice()}")
+    return arr
 
 
 def check_send(name: str, send, device=None):

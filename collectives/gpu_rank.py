@@ -105,6 +105,9 @@ class GpuRank:
         call = make_call(func, send.dtype, task.op, self.n, task.root, plan, (task.chunk_steps, task.slice_steps),
                          self.nthreads, rank_lo=self.rank)
         kdt = call.kdt
+        staged = d.name == "cuda" and isinstance(recv, np.ndarray)  # numpy on a GPU: copy in, run, copy back
+        if staged:  # pragma: no cover - needs a GPU
+            send, recv_host, recv = d.to_device(send), recv, d.to_device(recv)
         inp, out = (self._buffer(x, kdt) for x in (send, recv))
         self.bars[:] = 0
         args = [call.work, self.ring_t, self.tree_t, inp, out, p["fifo_s"].view(kdt), p["fifo_ll"],
@@ -115,9 +118,12 @@ class GpuRank:
                 a, np.ndarray) else a for a in args))
         else:  # pragma: no cover - needs a GPU
             from numba import cuda
-            args = [cuda.as_cuda_array(d.to_device(a)) for a in [call.prm, *args]]
-            call.kernel[call.nch, call.nthreads](*args)
+            args = [d.to_device(a) for a in [call.prm, *args]]
+            d.cp.cuda.get_current_stream().synchronize()  # the copies and resets above, once for all arguments
+            call.kernel[call.nch, call.nthreads](*[cuda.as_cuda_array(a, sync=False) for a in args])
             d.synchronize()
+            if staged:
+                recv_host[...] = d.to_host(recv).reshape(recv_host.shape)
         abort = np.asarray(d.to_host(p["abort"]))
         if abort[0]:
             raise CollectiveError(abort_line(func, op_count, abort))

@@ -117,10 +117,13 @@ class ThreadComm:
                 launch.per_rank.append((stream, cuda.external_stream(stream.raw.ptr), args))
             d.synchronize()  # the parameter copies above, before any rank's stream uses them
         errors = []
+        gpu = d.cp.cuda.runtime.getDevice()  # a new thread has no current device: give it this one
 
         def one(r: int) -> None:
             stream, nstream, args = launch.per_rank[r]
             try:
+                d.cp.cuda.Device(gpu).use()
+                cuda.select_device(gpu)
                 launch.kernel[launch.nch, launch.nthreads, nstream](*args)
                 stream.synchronize()
             except Exception as exc:  # reported after every thread has joined

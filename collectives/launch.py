@@ -24,6 +24,7 @@ import time
 import traceback
 
 from transports.net_plugin import NetError
+from transports.p2p import P2PError
 from misc.shm_segment import ShmError, sweep
 
 from .bootstrap import UniqueId, get_unique_id
@@ -33,7 +34,7 @@ from misc.sockets import BootstrapError
 
 FAILURE_GRACE_S = 5.0
 # their message names rank, peer and state (or the device and what it lacks): one line
-REPORTED = (CollectiveError, BootstrapError, NetError, ShmError, DeviceError)
+REPORTED = (CollectiveError, BootstrapError, NetError, ShmError, DeviceError, P2PError)
 
 
 def job_size() -> int | None:

@@ -31,6 +31,12 @@ from .base import CommInfo, Transport
 NAME = "P2P"
 GPU_DEVICES = ("cuda", "cudasim")
 HANDLE_BYTES = 64  # cudaIpcMemHandle_t
+_IN_PROCESS: dict = {}  # cuda: pools this process owns, by name (a rank of the same process uses the pointer)
+_RETIRED: list = []     # cuda: pools of destroyed communicators, kept until the process ends (see close)
+
+
+class P2PError(RuntimeError):
+    """Two ranks P2P cannot join (e.g. GPUs without peer access); the message is one line."""
 
 
 def use_read() -> bool:
@@ -67,11 +73,17 @@ class P2PState:
             self.base = self.device.wrap(self.segment.array)
             return
         cp = self.device.cp  # pragma: no cover - needs a GPU
-        self.base = cp.zeros(nbytes, np.uint8)
+        # A cudaMalloc of its own: an IPC handle names a whole allocation, and cupy's pool may hand out a piece of
+        # a larger one, whose offset the importer would not know.
+        mem = cp.cuda.Memory(nbytes)
+        cp.cuda.runtime.memset(mem.ptr, 0, nbytes)
         cp.cuda.runtime.deviceSynchronize()  # zeroed before any peer maps it
-        handle = cp.cuda.runtime.ipcGetMemHandle(self.base.data.ptr)
-        self.segment = ShmSegment(self.name, HANDLE_BYTES, create=True)
+        self.base = cp.ndarray((nbytes,), np.uint8, cp.cuda.MemoryPointer(mem, 0))
+        _IN_PROCESS[self.name] = self.base  # ranks of this process use the pointer itself (P2P/direct pointer)
+        handle = cp.cuda.runtime.ipcGetMemHandle(mem.ptr)
+        self.segment = ShmSegment(self.name, HANDLE_BYTES + 8, create=True)  # the handle, then the owner's GPU
         self.segment.array[:len(handle)] = np.frombuffer(handle, np.uint8)
+        self.segment.array[HANDLE_BYTES:].view(np.int64)[0] = cp.cuda.runtime.getDevice()
         debug.info("P2P|ALLOC", f"Allocated shareable buffer {hex(self.base.data.ptr)} size {nbytes}")
 
     def open(self) -> None:
@@ -84,9 +96,16 @@ class P2PState:
             self.base = self.device.wrap(self.segment.array)
             return
         cp = self.device.cp  # pragma: no cover - needs a GPU
-        self.segment = ShmSegment(self.name, HANDLE_BYTES, create=False)
+        if self.name in _IN_PROCESS:  # the owner is a rank of this process: no handle (CUDA refuses one there)
+            self.base = _IN_PROCESS[self.name]
+            return
+        self.segment = ShmSegment(self.name, HANDLE_BYTES + 8, create=False)
+        me, owner = cp.cuda.runtime.getDevice(), int(self.segment.array[HANDLE_BYTES:].view(np.int64)[0])
+        if me != owner and not cp.cuda.runtime.deviceCanAccessPeer(me, owner):
+            raise P2PError(f"rank {self.info.rank}: GPU {me} cannot reach GPU {owner}'s memory (no peer "
+                              f"access): P2P cannot connect them")
         self.ipc_ptr = cp.cuda.runtime.ipcOpenMemHandle(bytes(self.segment.array[:HANDLE_BYTES]))
-        mem = cp.cuda.UnownedMemory(self.ipc_ptr, nbytes, self)
+        mem = cp.cuda.UnownedMemory(self.ipc_ptr, nbytes, self, device_id=me)
         self.base = cp.ndarray((nbytes,), np.uint8, cp.cuda.MemoryPointer(mem, 0))
         debug.info("P2P", f"Imported shareable buffer device {self.info.dev(self.info.rank)} size {nbytes} ptr "
                           f"{hex(self.ipc_ptr)}")
@@ -97,6 +116,11 @@ class P2PState:
         if self.ipc_ptr is not None:  # pragma: no cover - needs a GPU
             self.device.cp.cuda.runtime.ipcCloseMemHandle(self.ipc_ptr)
             self.ipc_ptr = None
+        elif self.owner and self.device.name == "cuda":  # pragma: no cover - needs a GPU
+            # CUDA leaves it undefined to free exported memory while an importer still maps it, and the peers
+            # close theirs in their own time: the owner keeps the pool until its process ends.
+            _RETIRED.append(_IN_PROCESS.pop(self.name, self.base))
+        self.base = None
 
 
 class P2PConnector:
