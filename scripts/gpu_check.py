@@ -8,7 +8,8 @@ the earlier ones), then ``OUTDIR/gpu_check.txt`` (a short report) and ``OUTDIR/b
    cuMem handles passed as POSIX file descriptors (cuda-python, NCCL's ``P2P/CUMEM``);
 3. the device-to-device copy rate;
 4. the bitwise matrix: ranks as threads (``collectives/gpu_threads.py``), N = 2 and 4, the five ring
-   collectives and Tree AllReduce, Simple and LL, against ``collectives.reference``;
+   collectives and Tree AllReduce, Simple and LL, against ``collectives.reference``; then the communicator with
+   2 rank processes (``python -m collectives.ring --device``: P2P/IPC, the runner's own bitwise check);
 5. the busbw sweep of Ring AllReduce (1 MiB .. 1 GiB, N = 2 and 4) with the copy-rate bound, and LL against Simple
    below 64 KiB;
 6. real NCCL (torch.distributed, N = 2 and 4 rank processes on the one GPU) on the same inputs, forced
@@ -425,6 +426,31 @@ def real_nccl(dev, small: bool, outdir: Path) -> dict:
             "reference_follows": "2.28 channel split" if version < (2, 29) else "2.30", "rows": rows}
 
 
+# --- 4b. ranks as processes --------------------------------------------------------------------------------------
+def processes(dev) -> dict:
+    """The communicator with 2 rank processes on the device (``python -m collectives.ring --device``): P2P/IPC
+    between them, its own bitwise check.  On one GPU their persistent kernels time-slice, so this only shows that
+    the handle exchange and the kernels work across processes (tiny sizes)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,P2P",
+           "NCCL_BUFFSIZE": "65536", "NCCL_LL_BUFFSIZE": "16384"}
+    rows, ok = [], True
+    for coll in ("allreduce", "allgather"):
+        cmd = [sys.executable, "-m", "collectives.ring", "--device", dev.name, "-g", "2", "--coll", coll, "-b", "4K",
+               "-e", "4K", "-n", "1", "-w", "0"]
+        try:
+            p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=150, cwd=ROOT)
+            out = p.stdout + p.stderr
+            good = p.returncode == 0 and "Out of bounds values : 0 OK" in out
+            via = sorted({line.split(" via ")[1].strip() for line in out.splitlines() if " via P2P/" in line})
+            rows.append({"coll": coll, "rc": p.returncode, "ok": good, "via": via,
+                         **({} if good else {"tail": out.strip()[-400:]})})
+        except subprocess.TimeoutExpired:
+            good = False
+            rows.append({"coll": coll, "ok": False, "tail": "timed out after 150 s"})
+        ok &= good
+    return {"status": "ok" if ok else "failed", "rows": rows}
+
+
 # --- driver ---------------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -446,7 +472,7 @@ def main(argv=None) -> int:
                                                                                         time.gmtime())}
     steps = [("environment", lambda: environment(dev)), ("ipc", lambda: ipc_probe(dev, outdir)),
              ("copy_rate", lambda: copy_rate(dev, args.small)),
-             ("bitwise", lambda: bitwise_matrix(dev, args.small)),
+             ("bitwise", lambda: bitwise_matrix(dev, args.small)), ("processes", lambda: processes(dev)),
              ("sweep", lambda: sweep(dev, args.small, report.get("copy_rate", {}), outdir)),
              ("real_nccl", lambda: real_nccl(dev, args.small, outdir))]
     for name, step in steps:
@@ -486,6 +512,10 @@ def _text(rep: dict) -> str:
         if r["wrong"]:
             lines.append(f"  WRONG: n={r['n']} {r['func']}/{r['algo']}/{r['proto']} {r['dtype']}: {r['wrong']} "
                          f"{r.get('error', '')}")
+    pr = rep.get("processes", {})
+    lines.append(f"ranks as processes (the communicator, 2 ranks): {pr.get('status')} "
+                 + "; ".join(f"{r['coll']} {'ok' if r['ok'] else 'FAILED'} via {', '.join(r.get('via', [])) or '-'}"
+                             for r in pr.get("rows", [])))
     s = rep["sweep"]
     lines.append(f"busbw sweep: {s.get('status')} {s.get('note', '')}")
     for r in s.get("ring", []):

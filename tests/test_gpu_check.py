@@ -29,6 +29,8 @@ def test_gpu_check_runs_in_the_simulator(tmp_path):
     funcs = {(r["n"], r["func"], r["algo"], r["proto"]) for r in rep["bitwise"]["rows"]}
     assert len(funcs) == 2 * 6 * 2  # N = 2 and 4, five ring collectives + Tree AllReduce, Simple and LL
     assert all(r["elements"] > 0 for r in rep["bitwise"]["rows"])
+    assert rep["processes"]["status"] == "ok"  # the communicator, 2 rank processes over P2P
+    assert all(r["via"] == ["P2P/IPC"] for r in rep["processes"]["rows"])
     assert {r["n"] for r in rep["sweep"]["ring"]} == {2, 4}
     assert (tmp_path / "busbw.png").stat().st_size > 0
     assert "bitwise (ranks as threads" in (tmp_path / "gpu_check.txt").read_text()
