@@ -185,7 +185,7 @@ class Communicator(api.Collectives):
             task = self._tasks[(func, count, send.dtype, op, root)] = new_task(self, func, count, send.dtype, op,
                                                                                root)
         placed = in_place(func, self.rank, send, recv)
-        compiled = None if self._gpu else compiled_form(task, self._compiled, placed, send, self.tracer is not None)
+        compiled = compiled_form(task, self._compiled, placed, send, self.tracer is not None)
         self.health.publish(self.op_count, task.signature, task.sig, python=compiled is None)
         if self._log_coll:
             debug.info("COLL", f"{func}: opCount {self.op_count:x} sendbuff {hex(address(send))} recvbuff "

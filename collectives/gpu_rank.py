@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from include.device import NCCL_STEPS
 from misc.param import env_int
 
 from .device.backend import Device, DeviceError, get_device
@@ -34,8 +33,8 @@ def gpu_protocols(device: str, text: str) -> str:
     return text
 
 
-def check_gpu_args(device: str, threads: bool, nodes: int, under_mpirun: bool, proto_text: str) -> str | None:
-    """What a runner can refuse before any rank starts: one line, or None."""
+def check_gpu_args(device: str, threads: bool, nodes: int, under_mpirun: bool) -> str | None:
+    """What a runner can refuse before any rank starts, one line or None (``NCCL_PROTO``: ``gpu_protocols``)."""
     if device == "cpu":
         return "--threads runs the GPU kernels: add --device cuda or --device cudasim" if threads else None
     if nodes > 1:
@@ -47,10 +46,6 @@ def check_gpu_args(device: str, threads: bool, nodes: int, under_mpirun: bool, p
         missing = [m for m in ("cupy", "numba") if importlib.util.find_spec(m) is None]
         if missing:
             return f"--device cuda needs {' and '.join(missing)} (pip install -e .[gpu])"
-    try:
-        gpu_protocols(device, proto_text)
-    except DeviceError as exc:
-        return str(exc)
     return None
 
 
@@ -72,17 +67,12 @@ class GpuRank:
     def __init__(self, device: Device, rank: int, nranks: int, rings: list, trees: list, nchannels: int,
                  buff_sizes: dict):
         # numba.cuda is imported only now that the device is chosen: the simulator is decided at its first import
-        from .device.cuda.layout import connection_tables, pool_layout
+        from .device.cuda.layout import connection_tables, launch_memory, pool_layout
         self.dev, self.rank, self.n, self.nch = device, rank, nranks, nchannels
-        self.tables = connection_tables(rings, trees, nranks, nchannels)
-        self.layout = pool_layout(len(self.tables.ids), buff_sizes)
+        tables = connection_tables(rings, trees, nranks, nchannels)
+        self.layout = pool_layout(len(tables.ids), buff_sizes)
         self.nthreads = env_int("NCCLLAB_SIM_THREADS", 4) if device.name == "cudasim" else None
-        ll_data = buff_sizes["LL"] // NCCL_STEPS // 2
-        d = device
-        self.ring_t, self.tree_t, self.conns = (d.to_device(x) for x in (self.tables.ring, self.tables.tree,
-                                                                          self.tables.conns))
-        self.stage = d.zeros((1, nchannels, 3, 4, ll_data), np.uint8)  # this rank's LL staging
-        self.bars = d.zeros((1, nchannels, 3, 2), np.int64)              # and its thread groups' barriers
+        self.mem = launch_memory(device, tables, 1, nchannels, buff_sizes)  # this rank's staging and barriers
         self.pool: dict | None = None
 
     def bind(self, pool, channels: list) -> None:
@@ -100,25 +90,20 @@ class GpuRank:
     def run(self, task, send, recv, op_count: int) -> None:
         """Launch ``task`` on this rank; ``send``/``recv`` are its buffers (numpy in the simulator, device arrays
         on a GPU)."""
-        from .device.cuda.call import abort_line, make_call
+        from .device.cuda.call import abort_line, kernel_args, make_call
         plan, func, d, p = task.plan, task.func, self.dev, self.pool
         call = make_call(func, send.dtype, task.op, self.n, task.root, plan, (task.chunk_steps, task.slice_steps),
                          self.nthreads, rank_lo=self.rank)
-        kdt = call.kdt
         staged = d.name == "cuda" and isinstance(recv, np.ndarray)  # numpy on a GPU: copy in, run, copy back
         if staged:  # pragma: no cover - needs a GPU
             send, recv_host, recv = d.to_device(send), recv, d.to_device(recv)
-        inp, out = (self._buffer(x, kdt) for x in (send, recv))
-        self.bars[:] = 0
-        args = [call.work, self.ring_t, self.tree_t, inp, out, p["fifo_s"].view(kdt), p["fifo_ll"],
-                self.stage.view(kdt), self.stage.view(np.uint32), p["ctrl"], p["steps"], self.conns, self.bars,
-                p["abort"], call.scal]
+        inp, out = (self._buffer(x, call.kdt) for x in (send, recv))
+        self.mem.bars[:] = 0
+        args = [d.to_device(call.prm), *kernel_args(call, self.mem, p, inp, out, d.to_device)]
         if d.name == "cudasim":
-            call.kernel[1, call.nch * call.nthreads](d.to_device(call.prm), *(d.to_device(a) if isinstance(
-                a, np.ndarray) else a for a in args))
+            call.kernel[1, call.nch * call.nthreads](*args)
         else:  # pragma: no cover - needs a GPU
             from numba import cuda
-            args = [d.to_device(a) for a in [call.prm, *args]]
             d.cp.cuda.get_current_stream().synchronize()  # the copies and resets above, once for all arguments
             call.kernel[call.nch, call.nthreads](*[cuda.as_cuda_array(a, sync=False) for a in args])
             d.synchronize()

@@ -21,13 +21,12 @@ from . import enqueue
 from collectives.device.common import CollectiveError
 from collectives.graph.rings import ring_orders
 from collectives.graph.trees import channel_trees
-from include.device import NCCL_STEPS
 from misc.param import env_int, timeout_s
 
 from collectives.device.backend import Device, get_device
 from collectives.device.cuda import kernel as K
-from collectives.device.cuda.layout import connection_tables, pool_layout
-from collectives.device.cuda.call import abort_line, check, kernel_dtype, make_call
+from collectives.device.cuda.layout import connection_tables, launch_memory, pool_layout
+from collectives.device.cuda.call import abort_line, check, kernel_args, kernel_dtype, make_call
 from transports import p2p
 
 
@@ -52,19 +51,11 @@ class ThreadComm:
     def _connect(self) -> None:
         t = connection_tables(self.rings, self.trees, self.n, self.nch)
         self.conn_ids = t.ids
-        d = self.dev
-        self.ring_t, self.tree_t, self.conns = d.to_device(t.ring), d.to_device(t.tree), d.to_device(t.conns)
+        self.mem = launch_memory(self.dev, t, self.n, self.nch, self.buff)
         layout = pool_layout(len(t.ids), self.buff)
-        pool = layout.views(d.zeros(layout.nbytes, np.uint8))  # one process: its peers' rows by direct pointer
-        self.fifo_s, self.fifo_ll, self.ctrl, self.steps, self.abort = (pool[k] for k in
-                                                                        ("fifo_s", "fifo_ll", "ctrl", "steps", "abort"))
-        ll_data = self.buff["LL"] // NCCL_STEPS // 2
-        self.stage = d.zeros((self.n, self.nch, 3, 4, ll_data), np.uint8)
-        self.bars = d.zeros((self.n, self.nch, 3, 2), np.int64)
-        for c in range(self.nch):
-            for (ch, src, dst) in t.ids:
-                if ch == c and src != dst:
-                    p2p.log_connection(c, src, src, dst, dst, "direct pointer")
+        self.pool = layout.views(self.dev.zeros(layout.nbytes, np.uint8))  # one process: peers' rows by pointer
+        for (c, src, dst) in t.ids:  # in channel order
+            p2p.log_connection(c, src, src, dst, dst, "direct pointer")
 
     # --- one collective ---
     def run(self, func: str, inputs: list, op: str = "sum", root: int = 0, proto: str = "Simple",
@@ -95,9 +86,7 @@ class ThreadComm:
         plan = enqueue.schedule_coll(t, func, sched_count, dtype.itemsize, algo, proto)
         call = make_call(func, dtype, op, n, root, plan, enqueue.chunk_slice_steps(plan), self.nthreads, 0, absent)
         launch.kernel, launch.prm, launch.nch, launch.nthreads = call.kernel, call.prm, call.nch, call.nthreads
-        launch.args = [d.to_device(call.work), self.ring_t, self.tree_t, inp, out, self.fifo_s.view(kdt),
-                       self.fifo_ll, self.stage.view(kdt), self.stage.view(np.uint32), self.ctrl, self.steps,
-                       self.conns, self.bars, self.abort, d.to_device(call.scal)]
+        launch.args = kernel_args(call, self.mem, self.pool, inp, out, d.to_device)
         return launch
 
     def _launch_threads(self, launch: "Launch") -> None:  # pragma: no cover - needs a GPU
@@ -153,14 +142,14 @@ class Launch:
         c.op_count += 1
         if self.kernel is None:  # count 0: nothing to do, as in NCCL
             return
-        c.abort[:] = 0
-        c.bars[:] = 0
+        c.pool["abort"][:] = 0
+        c.mem.bars[:] = 0
         c.dev.synchronize()  # the resets ran on the default stream; the ranks' streams do not wait for it
         if c.dev.name == "cudasim":
             self.kernel[1, c.n * self.nch * self.nthreads](c.dev.to_device(self.prm), *self.args)
         else:  # pragma: no cover - needs a GPU
             c._launch_threads(self)
-        abort = np.asarray(c.dev.to_host(c.abort))
+        abort = np.asarray(c.dev.to_host(c.pool["abort"]))
         if abort[0]:
             raise CollectiveError(abort_line(self.func, c.op_count - 1, abort))
 

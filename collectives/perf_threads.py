@@ -19,23 +19,14 @@ from . import enqueue
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 from .gpu_rank import gpu_protocols
-from .perf import Runner, random_input
+from .perf import Runner, count_wrong, random_input
 
 
-def expected(tc, func: str, xs: list, r: int, proto: str, algo: str, root: int, nch: int, op: str = "sum"):
-    """What rank ``r`` of ``tc`` must hold after ``func`` (None: a non-root's Reduce), in NCCL's order."""
-    from collectives import reference
-    kw = dict(rings=tc.rings, nchannels=nch, proto=proto)
-    if func == "AllReduce":
-        trees = [{q: (t.up, list(t.down)) for q, t in tc.trees[c].items()} for c in range(tc.nch)]
-        return reference.all_reduce(xs, op, algo=algo, trees=trees if algo == "Tree" else None, **kw)
-    if func == "ReduceScatter":
-        return reference.reduce_scatter(xs, r, op, **kw)
-    if func == "AllGather":
-        return reference.all_gather(xs)
-    if func == "Broadcast":
-        return reference.broadcast(xs, root)
-    return reference.reduce(xs, root, op, **kw) if r == root else None
+def reference_config(tc, proto: str, algo: str) -> dict:
+    """What ``collectives.reference`` needs to reproduce a call on ``tc`` (``Communicator.reference_config``'s
+    counterpart): its rings, channels and trees, and the call's protocol and algorithm."""
+    return {"rings": tc.rings, "nchannels": tc.nch, "proto": proto, "algo": algo, "buffsize": tc.buff[proto],
+            "trees": [{q: (t.up, list(t.down)) for q, t in tc.trees[c].items()} for c in range(tc.nch)]}
 
 
 class _Bootstrap:
@@ -59,6 +50,10 @@ class ThreadsComm:
 
     def barrier(self) -> None:
         pass
+
+    def reference_config(self, func: str, count: int, dtype) -> dict:
+        plan = self.plan(func, count, dtype)
+        return reference_config(self.tc, plan.proto, plan.algo)
 
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
         itemsize = np.dtype(dtype).itemsize
@@ -96,17 +91,11 @@ class ThreadsRunner(Runner):
         if in_place:
             return None
         param, xs = self._inputs(size, seed)
-        plan, launch = self._prepare(param, xs)
+        _, launch = self._prepare(param, xs)
         launch()
-        outs, wrong = launch.outputs(), 0
-        for r in range(self.comm.nranks):
-            want = expected(self.comm.tc, self.func, xs, r, plan.proto, plan.algo, self.args.root, plan.nchannels,
-                            self.op)
-            if want is not None:
-                w = self.dtype.itemsize
-                wrong += int(np.count_nonzero((outs[r].view(np.uint8).reshape(-1, w)
-                                               != np.asarray(want).view(np.uint8).reshape(-1, w)).any(axis=1)))
-        return wrong
+        outs, kw = launch.outputs(), self.comm.reference_config(self.func, param, self.dtype)
+        wants = [self.coll.reference(xs, r, self.op, self.args.root, **kw) for r in range(self.comm.nranks)]
+        return sum(count_wrong(got, want) for got, want in zip(outs, wants) if want is not None)
 
 
 def run_threads(args, nranks: int) -> int:

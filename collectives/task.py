@@ -66,8 +66,8 @@ def in_place(func: str, rank: int, send: np.ndarray, recv: np.ndarray) -> bool:
 
 def compiled_form(task: Task, cache, placed: bool, send: np.ndarray, tracing: bool):
     """The task's compiled LL form for this placement (from the communicator's ``ll_compiled.Cache``), or None
-    when the readable primitives run it (``ll_compiled.eligible``)."""
-    if task.plan is None:
+    when the readable primitives run it (``ll_compiled.eligible``) or there is no cache (a GPU device)."""
+    if task.plan is None or cache is None:
         return None
     if placed not in task.compiled:
         dtype = np.dtype(np.uint8) if task.func in IN_PLACE_MATTERS else send.dtype  # they move bytes

@@ -234,7 +234,9 @@ def bitwise_matrix(dev, small: bool) -> dict:
     import ml_dtypes
     from collectives.device.common import CollectiveError
     from collectives.gpu_threads import ThreadComm
-    from collectives.perf_threads import expected
+    from collectives.colls import COLLECTIVES
+    from collectives.perf import count_wrong
+    from collectives.perf_threads import reference_config
     nch = 1 if small else 2
     counts = (0, 1001, 3000) if small else (0, 1001, 3000, (1 << 20) + 5, (8 << 20) + 3)
     rows, wrong_total = [], 0
@@ -259,26 +261,20 @@ def bitwise_matrix(dev, small: bool) -> dict:
                             comm = ThreadComm(n, nch, dev)
                             break
                         for r in range(n):
-                            want = expected(comm, func, xs, r, proto, algo, root, nch)
+                            want = COLLECTIVES[func].reference(xs, r, "sum", root,
+                                                               **reference_config(comm, proto, algo))
                             got = outs[r]
                             if want is None:
                                 wrong += int(np.any(got.view(np.uint8) != 0xA5))
                                 continue
                             elems += want.size
-                            wrong += int(np.count_nonzero(_ne(got, want)))
+                            wrong += count_wrong(got, want)
                     wrong_total += wrong
                     rows.append({"n": n, "func": func, "algo": algo, "proto": proto,
                                  "dtype": np.dtype(dtype).name, "elements": elems, "wrong": wrong,
                                  "seconds": round(time.monotonic() - t0, 2), **({"error": error} if error else {})})
     return {"status": "ok" if wrong_total == 0 else "failed", "wrong": wrong_total, "channels": nch,
             "counts": list(counts), "rows": rows}
-
-
-def _ne(a, b) -> np.ndarray:
-    """Elements whose bytes differ."""
-    w = a.dtype.itemsize
-    return (np.ascontiguousarray(a).view(np.uint8).reshape(-1, w) != np.ascontiguousarray(b).view(np.uint8)
-            .reshape(-1, w)).any(axis=1)
 
 
 # --- 5. busbw sweep -------------------------------------------------------------------------------------------
@@ -363,6 +359,7 @@ def real_nccl(dev, small: bool, outdir: Path) -> dict:
     if torch is None:
         return {"status": NO_GPU if not dev.is_gpu else "skipped: torch with CUDA not installed"}
     from collectives import reference
+    from collectives.perf import count_wrong
     from tracing import nccl_log
     version = _nccl_version(torch)
     multi = version >= (2, 30)
@@ -417,7 +414,7 @@ def real_nccl(dev, small: bool, outdir: Path) -> dict:
                     want = reference.all_reduce(xs, rings=rings, nchannels=nch, proto=proto, algo=algo,
                                                 trees=trees, nccl_version=version)
                     got = [np.load(os.path.join(d, f"out_r{r}_{c:012d}.npy")) for r in range(n)]
-                    wrong = [int(np.count_nonzero(_ne(g, want))) for g in got]
+                    wrong = [count_wrong(g, want) for g in got]
                     rows.append({"config": tag, "count": c, "status": "equal" if not any(wrong) else "differ",
                                  "wrong_per_rank": wrong, "rings": rings, "log_channels": len(log.rings)})
     return {"status": "ok" if all(r["status"] == "equal" for r in rows) else "failed",

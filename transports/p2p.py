@@ -103,7 +103,7 @@ class P2PState:
         me, owner = cp.cuda.runtime.getDevice(), int(self.segment.array[HANDLE_BYTES:].view(np.int64)[0])
         if me != owner and not cp.cuda.runtime.deviceCanAccessPeer(me, owner):
             raise P2PError(f"rank {self.info.rank}: GPU {me} cannot reach GPU {owner}'s memory (no peer "
-                              f"access): P2P cannot connect them")
+                           f"access): P2P cannot connect them")
         self.ipc_ptr = cp.cuda.runtime.ipcOpenMemHandle(bytes(self.segment.array[:HANDLE_BYTES]))
         mem = cp.cuda.UnownedMemory(self.ipc_ptr, nbytes, self, device_id=me)
         self.base = cp.ndarray((nbytes,), np.uint8, cp.cuda.MemoryPointer(mem, 0))
@@ -144,7 +144,7 @@ class P2PTransport(Transport):
         return P2PState(info, info.device)
 
     def setup(self, state: P2PState, channel: int, peer: int, is_send: bool) -> dict:
-        return {"pid": os.getpid(), "read": use_read()}
+        return {"pid": os.getpid()}  # same process as the peer: the pointer itself
 
     def connect(self, state: P2PState, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
                 deadline: float) -> P2PConnector:

@@ -71,6 +71,16 @@ def make_call(func: str, dtype, op: str, nranks: int, root: int, plan, chunk_sli
     return Call(kern, prm, work, scal, kdt, nch, nthreads)
 
 
+def kernel_args(call: Call, mem, pool: dict, inp, out, to_device) -> list:
+    """The kernel's arguments after ``prm``, in its order: the work rows, the tables, the user's buffers (rows of
+    the kernel's element type), the pool's FIFOs and counters, the launch's staging and barriers, the abort record
+    and the pre-multiplier.  ``mem``: ``layout.LaunchMemory``; ``pool``: ``PoolLayout.views``."""
+    kdt = call.kdt
+    return [to_device(call.work), mem.ring, mem.tree, inp, out, pool["fifo_s"].view(kdt), pool["fifo_ll"],
+            mem.stage.view(kdt), mem.stage.view(np.uint32), pool["ctrl"], pool["steps"], mem.conns, mem.bars,
+            pool["abort"], to_device(call.scal)]
+
+
 def abort_line(func: str, op_count: int, abort) -> str:
     """The one-line error of a wait that ran past its deadline: ``abort`` is ``[1, rank, channel, step, peer,
     what, group, claimed]`` as ``sync.wait_ge`` wrote it."""

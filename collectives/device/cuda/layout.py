@@ -99,5 +99,23 @@ class PoolLayout:
         return out
 
 
+@dataclass
+class LaunchMemory:
+    """What a launch reads besides the pool and the user's buffers, on the device: the connection tables, and the
+    LL staging and thread-group barriers of the ranks it carries (row 0: its first rank)."""
+    ring: object
+    tree: object
+    conns: object
+    stage: object   # uint8[ranks, nch, 3 recv peers + the send slot, 4, LL data bytes per slot]
+    bars: object    # int64[ranks, nch, 3 thread groups, 2]
+
+
+def launch_memory(dev, tables: Tables, nranks_here: int, nchannels: int, buff_sizes: dict) -> LaunchMemory:
+    ll_data = buff_sizes["LL"] // NCCL_STEPS // 2
+    return LaunchMemory(dev.to_device(tables.ring), dev.to_device(tables.tree), dev.to_device(tables.conns),
+                        dev.zeros((nranks_here, nchannels, 3, 4, ll_data), np.uint8),
+                        dev.zeros((nranks_here, nchannels, 3, 2), np.int64))
+
+
 def pool_layout(nconn: int, buff_sizes: dict) -> PoolLayout:
     return PoolLayout(nconn, NCCL_STEPS * (buff_sizes["Simple"] // NCCL_STEPS), buff_sizes["LL"] // NCCL_STEPS // 8)
