@@ -94,7 +94,7 @@ class Communicator(api.Collectives):
             peers.nnodes
         self.local_ranks = peers.local_ranks
         self.local_rank = self.local_ranks.index(self.rank)
-        self.oversubscribed = len(self.local_ranks) > len(os.sched_getaffinity(0))
+        self.oversubscribed = peers.same_machine > len(os.sched_getaffinity(0))  # emulated nodes share the cores
         self._plans: dict[tuple, enqueue.Plan] = {}
         debug.set_device(self.local_rank)
         orders = ring_orders(self.nranks, peers.search_channels, self.peer_info[0]["rings"], node_of=self.node_of_rank)

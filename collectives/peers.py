@@ -30,6 +30,7 @@ class Peers:
     nnodes: int
     local_ranks: list[int]    # the ranks on this rank's node
     search_channels: int      # what the topology search found (here: 1, or one per explicit ring)
+    same_machine: int = 1     # ranks on this rank's machine, whatever NCCL_HOSTID says (they share its cores)
 
 
 def buffer_sizes() -> dict:
@@ -64,4 +65,5 @@ def exchange(bootstrap, rank: int, nranks: int, magic: int, buff_sizes: dict, ri
     for h in hosts:
         node_of_hash.setdefault(h, len(node_of_hash))
     return Peers(info, info[0]["tag"], [node_of_hash[h] for h in hosts], len(node_of_hash),
-                 [r for r in range(nranks) if hosts[r] == my_host], min(p["nchannels"] for p in info))
+                 [r for r in range(nranks) if hosts[r] == my_host], min(p["nchannels"] for p in info),
+                 sum(p["host"] == mine["host"] for p in info))

@@ -429,6 +429,16 @@ def ll_paths(args: list[str]) -> None:
     print(f"rank {r} ok {len(results[0][1])} calls", flush=True)
 
 
+def oversubscription(args: list[str]) -> None:
+    """Pinned to ``args[0]`` cores: print this rank's node size and whether the communicator counts itself
+    oversubscribed (it must count every rank of the machine, emulated nodes included)."""
+    cores = int(args[0])
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
+    with collectives.Communicator() as comm:
+        print(f"rank {comm.rank} node {len(comm.local_ranks)} cores {len(os.sched_getaffinity(0))} "
+              f"oversubscribed {comm.oversubscribed}", flush=True)
+
+
 if __name__ == "__main__":
     # NCCL_SHM_DISABLE=1 on one emulated node only (the test names it), set before any communicator exists.
     node = os.environ.get("NCCLLAB_TEST_SHM_DISABLE_NODE")

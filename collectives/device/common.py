@@ -8,8 +8,9 @@ progress), and every few milliseconds checks the deadline, the peers' abort flag
 NCCL spins on ``*comm->abortFlag`` every 10 000 loads; we add the deadline so that no wait is endless, and a
 WARN line once a wait has gone ``NCCLLAB_WARN_AFTER`` seconds without progress (NCCL prints nothing: a user of a
 hung job cannot tell whom it waits for, NVIDIA/nccl#1260).
-On an oversubscribed host (more local ranks than cores) a blocked rank sleeps on the counter it waits for
-(``futex``) instead of spinning, so that the rank it waits for gets the core.
+On an oversubscribed machine (more ranks on it than cores, emulated nodes counted together since they share the
+cores) a blocked rank sleeps on the counter it waits for (``futex``) instead of spinning, so that the rank it
+waits for gets the core.
 """
 from __future__ import annotations
 
@@ -125,6 +126,7 @@ class Kernel:
                     armed = self._arm()
                     if armed is not None:
                         continue  # one more round with the mark set, then sleep
+                    os.sched_yield()  # nothing to sleep on (the proxy's sends): do not spin hot
                 else:
                     futex.wait(armed[0], armed[1])
                     armed[2][0], armed = 0, None
