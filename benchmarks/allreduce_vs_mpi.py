@@ -2,8 +2,9 @@
 
     mpirun -n 2 python benchmarks/allreduce_vs_mpi.py [-b 8] [-e 256M] [-f 4]
 
-Both use the same float32 buffers, alternating per size, out-of-place.  Times are the mean over ranks of the
-average per call; busbw = algbw * 2(n-1)/n as nccl-tests.
+Both use the same float32 buffers, out-of-place.  Per size, ``--rounds`` rounds alternate the two; a round's time is
+the mean over ranks of the average per call, and each side reports its median round.  busbw = algbw * 2(n-1)/n
+as nccl-tests.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.perf import parse_size, timed_across
+from collectives.perf import parse_size, timed_rounds
 
 
 
@@ -39,6 +40,7 @@ def main() -> None:
     p.add_argument("-b", type=parse_size, default=8)
     p.add_argument("-e", type=parse_size, default=parse_size("256M"))
     p.add_argument("-f", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size; medians are reported")
     p.add_argument("--json", help="write both curves as series files for `python -m visualize curves`")
     a = p.parse_args()
     lab_pts, mpi_pts = [], []
@@ -58,8 +60,9 @@ def main() -> None:
             for _ in range(2):
                 comm.all_reduce(x, out=out)
                 world.Allreduce(x, mout)
-            t_lab = timed_across(lambda: comm.all_reduce(x, out=out), iters, world)
-            t_mpi = timed_across(lambda: world.Allreduce(x, mout), iters, world)
+            t = timed_rounds({"lab": lambda: comm.all_reduce(x, out=out), "mpi": lambda: world.Allreduce(x, mout)},
+                             iters, world, a.rounds)
+            t_lab, t_mpi = t["lab"], t["mpi"]
             if comm.rank == 0:
                 factor = 2 * (n - 1) / n
                 bl, bm = size / t_lab / 1e9 * factor, size / t_mpi / 1e9 * factor

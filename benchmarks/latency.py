@@ -3,7 +3,8 @@
     mpirun -n 2 python benchmarks/latency.py [-b 8] [-e 1M] [-f 4]
 
 One communicator per protocol (``Communicator(protocols=...)``, NCCL_PROTO's grammar), same float32 buffers,
-interleaved per size.  Each figure is the mean over ranks of the average time per call, in microseconds.
+in ``--rounds`` alternating rounds per size.  Each figure is the median round's mean over ranks of the average
+time per call, in microseconds.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.perf import parse_size, timed_across
+from collectives.perf import parse_size, timed_rounds
 
 PROTOS = ("LL", "LL128", "Simple")
 
@@ -24,6 +25,7 @@ def main() -> None:
     p.add_argument("-b", type=parse_size, default=8)
     p.add_argument("-e", type=parse_size, default=parse_size("1M"))
     p.add_argument("-f", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size; medians are reported")
     p.add_argument("-n", type=int, default=200, help="calls per measurement at 8 B (fewer for large sizes)")
     a = p.parse_args()
     world = MPI.COMM_WORLD
@@ -42,7 +44,7 @@ def main() -> None:
         for fn in calls.values():
             for _ in range(3):
                 fn()
-        times = {name: timed_across(fn, iters, world) * 1e6 for name, fn in calls.items()}
+        times = {name: t * 1e6 for name, t in timed_rounds(calls, iters, world, a.rounds).items()}
         if world.rank == 0:
             print(f"  {x.nbytes:>10} " + " ".join(f"{times[k]:>9.1f}" for k in calls) +
                   f"   {times['LL'] / times['MPI']:>6.1f}", flush=True)

@@ -4,9 +4,9 @@
 
 Every rank opens two communicators over the same 4 processes: one with every rank on one node (SHM between all of
 them), one with ``NCCL_HOSTID`` split in two (NET and its proxy thread between the nodes, SHM inside each), and
-times AllReduce float32 sum on both and on ``MPI_Allreduce``, interleaved per size.  Rank 0 prints the times,
-nccl-tests' busbw, and the two ratios issue 17 sets as goals: NET's busbw at 16 MiB and above at least 50% of
-SHM's, and NET's 8-byte latency within 3x of SHM's.
+times AllReduce float32 sum on both and on ``MPI_Allreduce``, in ``--rounds`` alternating rounds per size
+(medians).  Rank 0 prints the times, nccl-tests' busbw, and the two ratios issue 17 sets as goals: NET's busbw at
+16 MiB and above at least 50% of SHM's, and NET's 8-byte latency within 3x of SHM's.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives  # noqa: E402
 from collectives.launch import node_hostid, under_mpirun  # noqa: E402
-from collectives.perf import parse_size, timed_across  # noqa: E402
+from collectives.perf import parse_size, timed_rounds  # noqa: E402
 
 
 
@@ -38,6 +38,7 @@ def main() -> int:
     p.add_argument("-b", type=parse_size, default=8)
     p.add_argument("-e", type=parse_size, default=parse_size("128M"))
     p.add_argument("-f", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size; medians are reported")
     p.add_argument("-g", type=int, default=4, help="ranks when started without mpirun (default 4)")
     a = p.parse_args()
     if not under_mpirun():
@@ -66,7 +67,7 @@ def main() -> int:
         for fn in calls.values():
             for _ in range(2):
                 fn()
-        t = {k: timed_across(fn, iters, world) for k, fn in calls.items()}
+        t = timed_rounds(calls, iters, world, a.rounds)
         bw = {k: x.nbytes / v / 1e9 * factor for k, v in t.items()}
         rows.append((x.nbytes, t, bw))
         if world.rank == 0:

@@ -94,6 +94,17 @@ def timed_across(fn, iters: int, world) -> float:
     return world.allreduce((time.perf_counter() - t0) / iters) / world.size
 
 
+def timed_rounds(calls: dict, iters: int, world, rounds: int = 3) -> dict:
+    """Seconds per call of each of ``calls`` {name: fn}, side by side: ``rounds`` rounds, each timing every call
+    with ``timed_across`` (the order reversed every other round), then each one's median round.  This VM's
+    bandwidth swings by 2x within seconds; alternating and taking medians keeps a burst from deciding a ratio."""
+    times: dict = {name: [] for name in calls}
+    for r in range(rounds):
+        for name in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
+            times[name].append(timed_across(calls[name], iters, world))
+    return {name: float(np.median(t)) for name, t in times.items()}
+
+
 def float_str(value: float, width: int) -> str:
     """nccl-tests' ``getFloatStr``: 2 decimals, then fewer, then an exponent, to fit ``width``."""
     for prec in (2, 1, 0):
