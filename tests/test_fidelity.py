@@ -4,6 +4,7 @@ source it restates."""
 import json
 import re
 import socket
+import time
 
 import ml_dtypes
 import numpy as np
@@ -317,6 +318,28 @@ def test_socket_threads_times_sockets_is_clamped(nccl_log, monkeypatch):
     monkeypatch.delenv("NCCL_SOCKET_NTHREADS")
     monkeypatch.delenv("NCCL_NSOCKS_PERTHREAD")
     assert sockets.socket_threads() == (0, 1)
+
+
+def test_socket_buffer_sizes_only_when_the_user_sets_them(monkeypatch):
+    # ncclOsSocketSetFlags: NCCL_SOCKET_SNDBUF / NCCL_SOCKET_RCVBUF (default -1) reach SO_SNDBUF / SO_RCVBUF of
+    # both ends; unset, the kernel's autotuned sizes stay (Linux reports twice what was set).
+    def pair():
+        srv = sockets.listen("127.0.0.1")
+        c = sockets.connect(srv.getsockname(), time.monotonic() + 5, "test peer")
+        a = sockets.accept(srv, time.monotonic() + 5, "test peer")
+        srv.close()
+        return c, a
+    sizes = lambda s: (s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),  # noqa: E731
+                       s.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF))
+    for var in ("NCCL_SOCKET_SNDBUF", "NCCL_SOCKET_RCVBUF"):
+        monkeypatch.delenv(var, raising=False)
+    default = [sizes(s) for s in pair()]
+    monkeypatch.setenv("NCCL_SOCKET_SNDBUF", "98304")
+    monkeypatch.setenv("NCCL_SOCKET_RCVBUF", "163840")
+    for s in pair():
+        assert sizes(s) == (2 * 98304, 2 * 163840)
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    assert all(d != (2 * 98304, 2 * 163840) for d in default)
 
 
 def test_reference_config_is_derived_from_the_environment(monkeypatch):
