@@ -435,8 +435,9 @@ def oversubscription(args: list[str]) -> None:
     cores = int(args[0])
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
     with collectives.Communicator() as comm:
-        print(f"rank {comm.rank} node {len(comm.local_ranks)} cores {len(os.sched_getaffinity(0))} "
-              f"oversubscribed {comm.oversubscribed}", flush=True)
+        sys.stdout.write(f"rank {comm.rank} node {len(comm.local_ranks)} cores {len(os.sched_getaffinity(0))} "
+                         f"oversubscribed {comm.oversubscribed}\n")  # one write: ranks share the pipe
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":
