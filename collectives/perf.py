@@ -181,12 +181,17 @@ class Runner:
 
     def time_one(self, size: int, in_place: bool) -> float:
         send, out = self._buffers(size, in_place)
+        return self.timed(lambda: self._call(send, out))
+
+    def timed(self, call) -> float:
+        """nccl-tests' loop: ``-w`` warm-up calls, a barrier, ``-n`` timed calls; seconds per call, the mean over
+        the ranks."""
         for _ in range(self.args.warmup_iters):
-            self._call(send, out)
+            call()
         self.comm.barrier()
         t0 = time.perf_counter()
         for _ in range(self.args.iters):
-            self._call(send, out)
+            call()
         dt = (time.perf_counter() - t0) / max(1, self.args.iters)
         return float(np.mean(self.comm.bootstrap.allgather_obj(dt)))
 

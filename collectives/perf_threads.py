@@ -11,7 +11,6 @@ Deliberate difference: out-of-place only; the in-place columns read N/A (``Threa
 from __future__ import annotations
 
 import os
-import time
 
 import numpy as np
 
@@ -80,12 +79,7 @@ class ThreadsRunner(Runner):
             return None
         param, xs = self._inputs(size, None)
         _, launch = self._prepare(param, xs)
-        for _ in range(self.args.warmup_iters):
-            launch()
-        t0 = time.perf_counter()
-        for _ in range(self.args.iters):
-            launch()
-        return (time.perf_counter() - t0) / max(1, self.args.iters)
+        return self.timed(launch)
 
     def check_one(self, size: int, in_place: bool, seed: int) -> int | None:
         if in_place:
