@@ -57,11 +57,8 @@ def main() -> None:
             x = np.random.default_rng(comm.rank).uniform(-1, 1, size // 4).astype(np.float32)
             out, mout = np.empty_like(x), np.empty_like(x)
             iters = int(max(3, min(200, (64 << 20) // max(size, 1))))
-            for _ in range(2):
-                comm.all_reduce(x, out=out)
-                world.Allreduce(x, mout)
             t = timed_rounds({"lab": lambda: comm.all_reduce(x, out=out), "mpi": lambda: world.Allreduce(x, mout)},
-                             iters, world, a.rounds)
+                             iters, world, a.rounds, warmup=2)
             t_lab, t_mpi = t["lab"], t["mpi"]
             if comm.rank == 0:
                 factor = 2 * (n - 1) / n

@@ -41,10 +41,7 @@ def main() -> None:
         iters = max(5, a.n * 8 // max(8, size // 1024))
         calls = {proto: (lambda c=c: c.all_reduce(x, out=out)) for proto, c in comms.items()}
         calls["MPI"] = lambda: world.Allreduce(x, out)
-        for fn in calls.values():
-            for _ in range(3):
-                fn()
-        times = {name: t * 1e6 for name, t in timed_rounds(calls, iters, world, a.rounds).items()}
+        times = {name: t * 1e6 for name, t in timed_rounds(calls, iters, world, a.rounds, warmup=3).items()}
         if world.rank == 0:
             print(f"  {x.nbytes:>10} " + " ".join(f"{times[k]:>9.1f}" for k in calls) +
                   f"   {times['LL'] / times['MPI']:>6.1f}", flush=True)

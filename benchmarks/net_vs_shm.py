@@ -64,10 +64,7 @@ def main() -> int:
         iters = int(max(3, min(500, (32 << 20) // max(size, 1))))
         calls = {k: (lambda c=c: c.all_reduce(x, out=out)) for k, c in comms.items()}
         calls["MPI"] = lambda: world.Allreduce(x, out)
-        for fn in calls.values():
-            for _ in range(2):
-                fn()
-        t = timed_rounds(calls, iters, world, a.rounds)
+        t = timed_rounds(calls, iters, world, a.rounds, warmup=2)
         bw = {k: x.nbytes / v / 1e9 * factor for k, v in t.items()}
         rows.append((x.nbytes, t, bw))
         if world.rank == 0:

@@ -94,10 +94,14 @@ def timed_across(fn, iters: int, world) -> float:
     return world.allreduce((time.perf_counter() - t0) / iters) / world.size
 
 
-def timed_rounds(calls: dict, iters: int, world, rounds: int = 3) -> dict:
-    """Seconds per call of each of ``calls`` {name: fn}, side by side: ``rounds`` rounds, each timing every call
-    with ``timed_across`` (the order reversed every other round), then each one's median round.  This VM's
-    bandwidth swings by 2x within seconds; alternating and taking medians keeps a burst from deciding a ratio."""
+def timed_rounds(calls: dict, iters: int, world, rounds: int = 3, warmup: int = 0) -> dict:
+    """Seconds per call of each of ``calls`` {name: fn}, side by side: each called ``warmup`` times untimed, then
+    ``rounds`` rounds, each timing every call with ``timed_across`` (the order reversed every other round), then
+    each one's median round.  This VM's bandwidth swings by 2x within seconds; alternating and taking medians
+    keeps a burst from deciding a ratio."""
+    for fn in calls.values():
+        for _ in range(warmup):
+            fn()
     times: dict = {name: [] for name in calls}
     for r in range(rounds):
         for name in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
