@@ -1,16 +1,29 @@
 """Bootstrap: unique id, TCP rendezvous at a root, then a ring of sockets (``src/bootstrap.cc``).
 
-* ``get_unique_id`` (``bootstrapGetUniqueId`` / ``bootstrapCreateRoot``): starts the root thread on this process
-  and packs its address and a random magic into a 128-byte id, like ``ncclUniqueId``.  With ``NCCL_COMM_ID=host:port``
-  the root address is fixed and rank 0 runs the root.
+* ``get_unique_id`` (``ncclGetUniqueId`` → ``bootstrapGetUniqueId`` / ``bootstrapCreateRoot``): starts the root's
+  listener in this process and packs its address and a random magic into a 128-byte id, like ``ncclUniqueId``.
+  With ``NCCL_COMM_ID=host:port`` the root address is fixed, rank 0 runs the root there, and the magic is NCCL's
+  fixed ``NCCL_MAGIC`` (or ``NCCLLAB_COMM_MAGIC``, which our launcher sets to a random value for its children).
 * ``Bootstrap.init`` (``bootstrapInit``): every rank listens, tells the root its address, and the root answers each
-  rank with the address of its ring successor (``bootstrapRoot``).  Ranks then connect to ``next`` and accept ``prev``.
+  rank with the address of its ring successor (``bootstrapRoot``).  Ranks then connect to ``next`` and accept
+  ``prev``.
 * ``allgather`` (``bootstrapAllGather``): n-1 ring steps, each forwarding the slice received in the previous step.
 * ``barrier`` (``bootstrapBarrier``): an allgather of nothing.
+
+Every socket here is open to the network, so nothing received is trusted before its handshake, and nothing
+received can run code.  Each connection starts with NCCL's handshake (the magic, then ``ncclSocketTypeBootstrap``,
+``misc.listener``); a wrong, malformed or silent connection is dropped and accepting goes on.  Every message is a
+fixed ``struct`` layout (``JOIN``, ``REPLY``, ``RING_HELLO``) or a framed payload whose size is checked against
+the bound its caller gives before anything is allocated; the typed allgathers (``allgather_struct``,
+``allgather_array``) are what the library exchanges.  No reply carries the magic.
+
+Deliberate differences: the root answers each rank on the connection that rank opened (NCCL's root connects back
+to each rank's ``listenRootAddress``), and when a rank never joins, the root tells the others which ranks are
+missing instead of letting each of them time out alone.
 """
 from __future__ import annotations
 
-import pickle
+import ipaddress
 import secrets
 import struct
 import threading
@@ -18,17 +31,27 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from misc import sockets
+from misc.listener import SOCKET_TYPE_BOOTSTRAP, Listener, hello
 from misc.param import env_str, timeout_s
 from misc.sockets import BootstrapError
 
 UNIQUE_ID_BYTES = 128
+NCCL_MAGIC = 0x0280028002800280  # NCCL's fixed magic with NCCL_COMM_ID (src/include/comm.h)
 _MAGIC_HDR = b"NCCLLAB1"
+
+JOIN = struct.Struct("<iiH64s")        # a joining rank: rank, nranks, its ring listener's port and IPv4 address
+REPLY = struct.Struct("<BH64s1024s")   # the root's answer: kind, the successor's port and address, an error text
+REPLY_NEXT, REPLY_ERROR = 0, 1
+RING_HELLO = struct.Struct("<i")       # the rank connecting to its ring successor
+REPLY_GRACE_S = 5.0                    # a rank waits this much longer than the root, so the root's reason arrives
 
 
 @dataclass(frozen=True)
 class UniqueId:
-    """``ncclUniqueId``: where the root listens, plus a magic that both sides check."""
+    """``ncclUniqueId``: where the root listens, plus a magic that every connection must present first."""
     host: str
     port: int
     magic: int
@@ -42,64 +65,130 @@ class UniqueId:
         if len(raw) != UNIQUE_ID_BYTES or not raw.startswith(_MAGIC_HDR):
             raise BootstrapError("invalid unique id (not produced by collectives.get_unique_id)")
         magic, port = struct.unpack_from("<QH", raw, len(_MAGIC_HDR))
-        host = raw[len(_MAGIC_HDR) + 10:].rstrip(b"\0").decode()
+        try:
+            host = raw[len(_MAGIC_HDR) + 10:].rstrip(b"\0").decode("ascii")
+        except UnicodeDecodeError:
+            raise BootstrapError("invalid unique id (its host is not an address)") from None
         return cls(host, port, magic)
 
 
-def _root_thread(srv, nranks: int, magic: int, deadline: float, errors: list) -> None:
-    """``bootstrapRoot``: collect every rank's listen address, then send each its successor's address."""
+def _text(raw: bytes) -> str:
+    return raw.rstrip(b"\0").decode("utf-8", "replace")
+
+
+def _ipv4(raw: bytes) -> str | None:
+    """The IPv4 address in a fixed field, or None if the field holds anything else."""
     try:
-        peers: dict[int, tuple[str, int]] = {}
-        conns = {}
-        while len(peers) < nranks:
-            c = sockets.accept(srv, deadline, f"rank (root has {len(peers)} of {nranks})")
-            m, rank, n, host, port = pickle.loads(sockets.recv_msg(c, deadline, "a joining rank"))
-            if m != magic or n != nranks:
-                sockets.send_msg(c, pickle.dumps(("error", f"root expected nranks={nranks} magic={magic:x}, rank "
-                                                  f"{rank} sent nranks={n} magic={m:x}")), deadline, f"rank {rank}")
-                raise BootstrapError(f"rank {rank} joined with nranks={n} (root has {nranks}) or a stale unique id")
-            if rank in peers:
-                raise BootstrapError(f"two processes joined as rank {rank}")
-            peers[rank] = (host, port)
-            conns[rank] = c
-        for rank, c in conns.items():
-            sockets.send_msg(c, pickle.dumps(("next", peers[(rank + 1) % nranks])), deadline, f"rank {rank}")
-            c.close()
+        return str(ipaddress.IPv4Address(raw.rstrip(b"\0").decode("ascii")))
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``[3, 4, 5, 9]`` as ``3-5,9``: a list of missing ranks stays one short line at any scale."""
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+@dataclass
+class _Joined:
+    host: str
+    port: int
+    conn: Any
+    addr: str
+
+
+def _reply(conn, kind: int, host: str = "", port: int = 0, error: str = "") -> None:
+    try:
+        conn.settimeout(1.0)
+        conn.sendall(REPLY.pack(kind, port, host.encode(), error.encode()[:REPLY.size - 67]))
+    except OSError:
+        pass  # that rank is gone; the others still get their answer
+
+
+def _fail_all(joined: dict, error: str, *extra) -> BootstrapError:
+    for j in [*joined.values(), *extra]:
+        _reply(j.conn if isinstance(j, _Joined) else j, REPLY_ERROR, error=error)
+    return BootstrapError(error)
+
+
+def _root_thread(listener: Listener, nranks: int, deadline: float, errors: list) -> None:
+    """``bootstrapRoot``: collect every rank's ring address, then send each its successor's.  A stranger is
+    dropped by the listener; a real rank that contradicts the others ends the job with a line naming it."""
+    joined: dict[int, _Joined] = {}
+    try:
+        while len(joined) < nranks:
+            try:
+                conn, body, addr = listener.accept(deadline, f"the ranks of the bootstrap root "
+                                                             f"({len(joined)} of {nranks} joined)", first=JOIN.size)
+            except BootstrapError:
+                missing = [r for r in range(nranks) if r not in joined]
+                strangers = f"; {listener.dropped} stranger connection(s) discarded" if listener.dropped else ""
+                raise _fail_all(joined, f"bootstrap root: rank(s) {ranks_text(missing)} never joined within "
+                                        f"{timeout_s():g} s (NCCLLAB_TIMEOUT); {len(joined)} of {nranks} did"
+                                        f"{strangers}") from None
+            rank, n, port, host_raw = JOIN.unpack(body)
+            host = _ipv4(host_raw)
+            if host is None or port == 0 or n < 1 or rank < 0:
+                listener.dropped += 1  # the magic was right but the message is not ours: as a wrong magic
+                conn.close()
+                continue
+            if n != nranks or rank >= nranks:
+                raise _fail_all(joined, f"bootstrap root: the process at {addr} joined as rank {rank} of {n}, "
+                                        f"this communicator has {nranks} ranks (a stale unique id, or a launcher "
+                                        f"that disagrees on the job size)", conn)
+            if rank in joined:
+                raise _fail_all(joined, f"bootstrap root: two processes joined as rank {rank}: "
+                                        f"{joined[rank].addr} and {addr}", conn)
+            joined[rank] = _Joined(host, port, conn, addr)
+        for rank, j in joined.items():
+            nxt = joined[(rank + 1) % nranks]
+            _reply(j.conn, REPLY_NEXT, nxt.host, nxt.port)
     except Exception as exc:  # reported by rank 0's init
         errors.append(exc)
     finally:
-        srv.close()
+        for j in joined.values():
+            j.conn.close()
+        listener.close()
 
 
-_listeners: dict[int, Any] = {}  # magic -> root socket waiting to learn nranks (opened by get_unique_id)
+_listeners: dict[int, Listener] = {}  # magic -> root listener waiting to learn nranks (opened by get_unique_id)
 _roots: dict[int, tuple[threading.Thread, list]] = {}  # magic -> running root thread and its errors
 
 
 def _open_root(host: str, port: int, magic: int) -> tuple[str, int]:
-    srv = sockets.listen(host, port, "the bootstrap root (NCCL_COMM_ID)" if port else "the bootstrap root")
-    _listeners[magic] = srv
-    return srv.getsockname()[0], srv.getsockname()[1]
+    named = "NCCL_COMM_ID" if env_str("NCCL_COMM_ID") else "NCCLLAB_COMM_ID, the launcher's" \
+        if env_str("NCCLLAB_COMM_ID") else "the unique id's"
+    srv = sockets.listen(host, port, f"the bootstrap root ({named} address)" if port else "the bootstrap root")
+    listener = _listeners[magic] = Listener(srv, magic, SOCKET_TYPE_BOOTSTRAP, "bootstrap root")
+    return listener.address()
 
 
 def _run_root(magic: int, nranks: int) -> None:
-    srv = _listeners.pop(magic)
+    listener = _listeners.pop(magic)
     errors: list = []
     deadline = time.monotonic() + timeout_s()
-    t = threading.Thread(target=_root_thread, args=(srv, nranks, magic, deadline, errors),
+    t = threading.Thread(target=_root_thread, args=(listener, nranks, deadline, errors),
                          name="nccllab-bootstrap-root", daemon=True)
     _roots[magic] = (t, errors)
     t.start()
 
 
 def get_unique_id() -> UniqueId:
-    """``ncclGetUniqueId``: open the root listener here (or at ``NCCL_COMM_ID``) and return its id."""
-    magic = secrets.randbits(64)
+    """``ncclGetUniqueId``: open the root listener here (or name ``NCCL_COMM_ID``'s) and return its id."""
     comm_id = env_str("NCCL_COMM_ID")
     if comm_id:
         host, port = sockets.parse_addr(comm_id)
-        magic = int(env_str("NCCLLAB_COMM_MAGIC", "0") or 0, 0)
+        magic = int(env_str("NCCLLAB_COMM_MAGIC", "0") or 0, 0) or NCCL_MAGIC
         # With NCCL_COMM_ID, rank 0 hosts the root inside Bootstrap.init; the id only names the address.
         return UniqueId(host, port, magic)
+    magic = secrets.randbits(64)  # getRandomData: a stranger cannot guess it
     _, addr = sockets.find_interface()
     host, port = _open_root(addr, 0, magic)
     return UniqueId(host, port, magic)
@@ -118,6 +207,9 @@ class Bootstrap:
     def _deadline(self) -> float:
         return time.monotonic() + timeout_s()
 
+    def _hello(self) -> bytes:
+        return hello(self.uid.magic, SOCKET_TYPE_BOOTSTRAP)
+
     def _init(self) -> None:
         deadline = self._deadline()
         uid = self.uid
@@ -126,47 +218,65 @@ class Bootstrap:
                 _open_root(uid.host, uid.port, uid.magic)  # NCCL_COMM_ID: rank 0 hosts the root
             if uid.magic in _listeners:
                 _run_root(uid.magic, self.nranks)
-        if self.nranks == 1:
-            self._join_root(deadline)
-            return
         _, my_addr = sockets.find_interface()
-        srv = sockets.listen(my_addr)
+        srv = Listener(sockets.listen(my_addr), uid.magic, SOCKET_TYPE_BOOTSTRAP, f"bootstrap ring of rank "
+                                                                                   f"{self.rank}")
         try:
-            next_addr = self._join_root(deadline, srv.getsockname())
-            self.next_sock = sockets.connect(tuple(next_addr), deadline, f"bootstrap next of rank {self.rank}")
-            sockets.send_msg(self.next_sock, struct.pack("<QI", uid.magic, self.rank), deadline, "next rank")
-            self.prev_sock = sockets.accept(srv, deadline, f"bootstrap prev of rank {self.rank}")
-            magic, prev = struct.unpack("<QI", sockets.recv_msg(self.prev_sock, deadline, "prev rank"))
-            if magic != uid.magic or prev != (self.rank - 1) % self.nranks:
-                raise BootstrapError(f"rank {self.rank}: unexpected bootstrap peer {prev} (magic {magic:x})")
+            next_host, next_port = self._join_root(deadline, srv.address())
+            if self.nranks == 1:
+                return
+            self.next_sock = sockets.connect((next_host, next_port), deadline,
+                                             f"bootstrap next of rank {self.rank}", self._hello())
+            self.next_sock.sendall(RING_HELLO.pack(self.rank))
+            prev = (self.rank - 1) % self.nranks
+            self.prev_sock, body, addr = srv.accept(deadline, f"rank {prev} (bootstrap prev of rank {self.rank})",
+                                                    first=RING_HELLO.size)
+            (claimed,) = RING_HELLO.unpack(body)
+            if claimed != prev:
+                raise BootstrapError(f"rank {self.rank}: the bootstrap connection from {addr} says it is rank "
+                                     f"{claimed}, the ring's predecessor is rank {prev}")
         finally:
             srv.close()
 
-    def _join_root(self, deadline: float, my_addr=("", 0)):
-        s = sockets.connect((self.uid.host, self.uid.port), deadline, "bootstrap root")
+    def _join_root(self, deadline: float, my_addr: tuple[str, int]) -> tuple[str, int]:
+        """Tell the root where this rank listens; its answer is the successor's address, or why not."""
+        s = sockets.connect((self.uid.host, self.uid.port), deadline, "bootstrap root", self._hello())
         try:
-            info = (self.uid.magic, self.rank, self.nranks, my_addr[0], my_addr[1])
-            sockets.send_msg(s, pickle.dumps(info), deadline, "bootstrap root")
-            kind, value = pickle.loads(sockets.recv_msg(s, deadline, "bootstrap root"))
-        except BootstrapError:
+            s.sendall(JOIN.pack(self.rank, self.nranks, my_addr[1], my_addr[0].encode()))
+            raw = sockets.recv_exact(s, REPLY.size, deadline + REPLY_GRACE_S, "bootstrap root")
+        except BootstrapError as exc:
             self._raise_root_error()
-            raise
+            raise BootstrapError(f"rank {self.rank}: no answer from the bootstrap root at {self.uid.host}:"
+                                 f"{self.uid.port} ({exc}); is rank 0 running?") from None
+        except OSError as exc:
+            raise BootstrapError(f"rank {self.rank}: bootstrap root at {self.uid.host}:{self.uid.port}: "
+                                 f"{exc}") from None
         finally:
             s.close()
-        if kind == "error":
-            raise BootstrapError(value)
-        return value
+        kind, port, host_raw, error = REPLY.unpack(raw)
+        if kind == REPLY_ERROR:
+            raise BootstrapError(f"rank {self.rank}: {_text(error)}")
+        host = _ipv4(host_raw)
+        if kind != REPLY_NEXT or host is None:
+            raise BootstrapError(f"rank {self.rank}: malformed answer from the bootstrap root")
+        return host, port
 
     def _raise_root_error(self) -> None:
         entry = _roots.get(self.uid.magic)
         if entry and entry[1]:
             raise entry[1][0]
 
-    def allgather(self, mine: bytes) -> list[bytes]:
-        """Ring allgather: at step s send slice (rank - s), receive slice (rank - s - 1)."""
+    # ------------------------------------------------------------------ collectives of the bootstrap ring
+    def allgather(self, mine: bytes, max_size: int) -> list[bytes]:
+        """``bootstrapAllGather``: every rank's ``mine`` (at most ``max_size`` bytes each, checked on receipt
+        before anything is allocated).  Ring step s sends slice (rank - s) and receives slice (rank - s - 1)."""
+        if len(mine) > max_size:
+            raise ValueError(f"allgather: {len(mine)} bytes exceed this message's bound of {max_size}")
         n, r = self.nranks, self.rank
         out: list[bytes] = [b""] * n
-        out[r] = mine
+        out[r] = bytes(mine)
+        if n == 1:
+            return out
         deadline = self._deadline()
         for s in range(n - 1):
             send_ix, recv_ix = (r - s) % n, (r - s - 1) % n
@@ -174,16 +284,36 @@ class Bootstrap:
                                       args=(self.next_sock, out[send_ix], deadline, f"rank {(r + 1) % n}"))
             sender.start()
             try:
-                out[recv_ix] = sockets.recv_msg(self.prev_sock, deadline, f"rank {(r - 1) % n} (bootstrap prev)")
+                out[recv_ix] = sockets.recv_msg(self.prev_sock, deadline, f"rank {(r - 1) % n} (bootstrap prev)",
+                                                max_size)
             finally:
                 sender.join()
         return out
 
-    def allgather_obj(self, obj: Any) -> list[Any]:
-        return [pickle.loads(b) for b in self.allgather(pickle.dumps(obj))]
+    def allgather_struct(self, fmt: str, *values) -> list[tuple]:
+        """Every rank's ``struct.pack(fmt, *values)``, unpacked: one fixed layout, the same on every rank."""
+        layout = struct.Struct(fmt)
+        got = self.allgather(layout.pack(*values), layout.size)
+        for rank, raw in enumerate(got):
+            if len(raw) != layout.size:
+                raise BootstrapError(f"rank {self.rank}: rank {rank} sent {len(raw)} bytes where {fmt!r} has "
+                                     f"{layout.size}")
+        return [layout.unpack(raw) for raw in got]
+
+    def allgather_array(self, arr: np.ndarray) -> list[np.ndarray]:
+        """Every rank's array; all ranks pass the same dtype and shape (plain data types only)."""
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.hasobject:
+            raise TypeError("allgather_array: an object array cannot cross the bootstrap")
+        got = self.allgather(arr.tobytes(), arr.nbytes)
+        for rank, raw in enumerate(got):
+            if len(raw) != arr.nbytes:
+                raise BootstrapError(f"rank {self.rank}: rank {rank} sent {len(raw)} bytes for an array of "
+                                     f"{arr.nbytes} ({arr.dtype}{list(arr.shape)})")
+        return [np.frombuffer(raw, arr.dtype).reshape(arr.shape).copy() for raw in got]
 
     def barrier(self) -> None:
-        self.allgather(b"")
+        self.allgather(b"", 0)
 
     def close(self) -> None:
         for s in (self.next_sock, self.prev_sock):

@@ -1,10 +1,12 @@
 """Environment parameters, NCCL style (``src/misc/param.cc``: ``NCCL_PARAM`` / ``ncclGetEnv``).
 
 NCCL reads each ``NCCL_*`` variable once and treats ``-2`` as "unset, use the default".  Our own knobs use
-the ``NCCLLAB_`` prefix.
+the ``NCCLLAB_`` prefix.  ``check_env`` reads the lab's own numeric knobs once before any rank starts, so that a
+bad value is one line at the command line instead of an error from deep inside every rank.
 """
 from __future__ import annotations
 
+import math
 import os
 
 from tracing import debug
@@ -79,7 +81,7 @@ def _seconds(name: str, default: float) -> float:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if value <= 0:
+    if not 0 < value < math.inf:  # nan fails both comparisons; inf would be NCCL's wait forever, which we never do
         raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
     return value
 
@@ -93,3 +95,20 @@ def warn_after_s() -> float:
     """A wait without progress for this long prints one WARN line naming what it waits for
     (``NCCLLAB_WARN_AFTER`` seconds, default 5)."""
     return _seconds("NCCLLAB_WARN_AFTER", DEFAULT_WARN_AFTER_S)
+
+
+def handshake_timeout_s() -> float:
+    """How long a new connection may take to send its handshake before a listener drops it
+    (``NCCLLAB_HANDSHAKE_TIMEOUT`` seconds, default 1; ``misc.listener``)."""
+    return _seconds("NCCLLAB_HANDSHAKE_TIMEOUT", 1.0)
+
+
+def check_env() -> str | None:
+    """Each of the lab's seconds knobs read as the ranks will read it: the first bad one's line (``NCCLLAB_TIMEOUT='0'
+    must be a positive number of seconds``), or None.  The entry points call it before starting ranks."""
+    for read in (timeout_s, warn_after_s, handshake_timeout_s):
+        try:
+            read()
+        except ValueError as exc:
+            return str(exc)
+    return None

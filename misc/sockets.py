@@ -139,8 +139,9 @@ def set_flags(s: socket.socket) -> None:
             s.setsockopt(socket.SOL_SOCKET, opt, size)
 
 
-def connect(addr: tuple[str, int], deadline: float, what: str) -> socket.socket:
-    """Connect with retries until ``deadline`` (the peer may not be listening yet)."""
+def connect(addr: tuple[str, int], deadline: float, what: str, hello: bytes = b"") -> socket.socket:
+    """Connect with retries until ``deadline`` (the peer may not be listening yet), then send ``hello`` first:
+    the listener's magic and socket type (``misc.listener.hello``, NCCL's ``socketFinalizeConnect``)."""
     delay = 0.001
     while True:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -148,6 +149,8 @@ def connect(addr: tuple[str, int], deadline: float, what: str) -> socket.socket:
         s.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             s.connect(addr)
+            if hello:
+                s.sendall(hello)
             return s
         except OSError as exc:
             s.close()
@@ -155,16 +158,6 @@ def connect(addr: tuple[str, int], deadline: float, what: str) -> socket.socket:
                 raise BootstrapError(f"could not connect to {what} at {addr[0]}:{addr[1]}: {exc}") from exc
             time.sleep(delay)
             delay = min(delay * 2, 0.1)
-
-
-def accept(srv: socket.socket, deadline: float, what: str) -> socket.socket:
-    srv.settimeout(max(0.01, deadline - time.monotonic()))
-    try:
-        conn, _ = srv.accept()
-    except OSError as exc:
-        raise BootstrapError(f"timed out waiting for {what} to connect: {exc}") from exc
-    set_flags(conn)
-    return conn
 
 
 def send_msg(s: socket.socket, payload: bytes, deadline: float, what: str) -> None:
@@ -189,13 +182,18 @@ def _recv_exact(s: socket.socket, n: int, deadline: float, what: str) -> bytes:
     return bytes(buf)
 
 
-MAX_MSG = 1 << 30
+def recv_exact(s: socket.socket, n: int, deadline: float, what: str) -> bytes:
+    """Exactly ``n`` bytes (a fixed-size message), or ``BootstrapError`` naming ``what``."""
+    return _recv_exact(s, n, deadline, what)
 
 
-def recv_msg(s: socket.socket, deadline: float, what: str) -> bytes:
+def recv_msg(s: socket.socket, deadline: float, what: str, max_size: int) -> bytes:
+    """One framed message of at most ``max_size`` bytes: the announced size is checked before anything is
+    allocated (a stranger's 8 bytes of garbage must not make us reserve gigabytes)."""
     (size,) = struct.unpack("<Q", _recv_exact(s, 8, deadline, what))
-    if size > MAX_MSG:
-        raise BootstrapError(f"message from {what} announces {size} bytes, more than the {MAX_MSG} limit")
+    if size > max_size:
+        raise BootstrapError(f"message from {what} announces {size} bytes, this message carries at most "
+                             f"{max_size}: not a peer of this communicator")
     return _recv_exact(s, size, deadline, what)
 
 

@@ -56,7 +56,7 @@ def net_progress(iters: str, count: str, _token: str = "") -> None:
 
     comm = collectives.Communicator(protocols="Simple", algorithms="Ring")
     x = np.random.default_rng([3, comm.rank]).uniform(-1, 1, int(count)).astype(np.float32)
-    xs = comm.bootstrap.allgather_obj(x)
+    xs = comm.bootstrap.allgather_array(x)
     want = reference.all_reduce(xs, **comm.reference_config("AllReduce", x.size, x.dtype))
     for i in range(int(iters)):
         got = comm.all_reduce(x)

@@ -13,6 +13,7 @@ import pytest
 from collectives import enqueue, reference
 from collectives.graph import connect
 from misc import param, sockets
+from misc.listener import SOCKET_TYPE_BOOTSTRAP, Listener, hello
 from collectives.device.reduce_copy import RedOp, reduce_copy
 from collectives.graph import tuning
 from collectives.graph.cost_model import RING, SIMPLE, TREE, CostModel, Graph, Machine
@@ -324,9 +325,9 @@ def test_socket_buffer_sizes_only_when_the_user_sets_them(monkeypatch):
     # ncclOsSocketSetFlags: NCCL_SOCKET_SNDBUF / NCCL_SOCKET_RCVBUF (default -1) reach SO_SNDBUF / SO_RCVBUF of
     # both ends; unset, the kernel's autotuned sizes stay (Linux reports twice what was set).
     def pair():
-        srv = sockets.listen("127.0.0.1")
-        c = sockets.connect(srv.getsockname(), time.monotonic() + 5, "test peer")
-        a = sockets.accept(srv, time.monotonic() + 5, "test peer")
+        srv = Listener(sockets.listen("127.0.0.1"), 7, SOCKET_TYPE_BOOTSTRAP, "test listener")
+        c = sockets.connect(srv.address(), time.monotonic() + 5, "test peer", hello(7, SOCKET_TYPE_BOOTSTRAP))
+        a, _, _ = srv.accept(time.monotonic() + 5, "test peer")
         srv.close()
         return c, a
     sizes = lambda s: (s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF),  # noqa: E731

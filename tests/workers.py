@@ -19,6 +19,17 @@ from collectives.device.reduce_copy import DTYPES
 BIG_PRIME = 1_000_003
 
 
+def rank0(comm, value: int) -> int:
+    """Rank 0's integer on every rank (a seed), over the bootstrap's typed allgather."""
+    return comm.bootstrap.allgather_struct("<Q", value)[0][0]
+
+
+def hostids(comm) -> list[str]:
+    """Every rank's NCCL_HOSTID (which ranks share an emulated node)."""
+    mine = os.environ.get("NCCL_HOSTID", "").encode()
+    return [raw.decode() for raw in comm.bootstrap.allgather(mine, 256)]
+
+
 def inputs_for(seed: int, n: int, count: int, dtype) -> list[np.ndarray]:
     return [random_input(np.random.default_rng([seed, q, count]), count, dtype, 2.0) for q in range(n)]
 
@@ -76,7 +87,7 @@ def independent_config(comm, func: str, count: int, dt) -> dict:
     channels, rings, thread count (so the channel shrink) and a forced protocol or algorithm.  Only the cost
     model's automatic choice and the trees are taken from the communicator (tested on their own elsewhere)."""
     if not hasattr(comm, "_test_hosts"):  # every rank's NCCL_HOSTID: which ranks share a node
-        comm._test_hosts = comm.bootstrap.allgather_obj(os.environ.get("NCCL_HOSTID", ""))
+        comm._test_hosts = hostids(comm)
     given = getattr(comm, "_test_rings", None)
     search = getattr(comm, "_test_search_channels", None) or max(1, len(given or []))
     own = reference.config_from_env(comm.nranks, search, given, comm._test_hosts)
@@ -110,7 +121,7 @@ def bitwise(args: list[str]) -> None:
     seed = int.from_bytes(os.urandom(4), "little")
     with collectives.Communicator(rings=case.rings, search_channels=case.channels) as comm:
         comm._test_rings, comm._test_search_channels = case.rings, case.channels  # what the test asked for
-        seed = comm.bootstrap.allgather_obj(seed)[0]  # fresh inputs each run, the same on every rank
+        seed = rank0(comm, seed)  # fresh inputs each run, the same on every rank
         for count in case.counts:
             for dtype in case.dtypes:
                 for op in case.ops:
@@ -279,7 +290,7 @@ def auto_choice(args: list[str]) -> None:
     text = os.environ.get("NCCL_PROTO", "")
     protos = {p for p in ("LL", "LL128", "Simple") if p.lower() in text.lower().split(",")} if text else None
     with collectives.Communicator() as comm:
-        nodes = len(set(comm.bootstrap.allgather_obj(os.environ.get("NCCL_HOSTID", ""))))
+        nodes = len(set(hostids(comm)))
         chosen = set()
         for func, mult in (("AllReduce", 1), ("AllGather", comm.nranks), ("ReduceScatter", comm.nranks),
                            ("Broadcast", 1), ("Reduce", 1)):
@@ -327,7 +338,7 @@ def tree_bitwise(args: list[str]) -> None:
     seed = int.from_bytes(os.urandom(4), "little")
     for proto in protos:
         with collectives.Communicator(protocols=proto) as comm:
-            seed = comm.bootstrap.allgather_obj(seed)[0]
+            seed = rank0(comm, seed)
             for count in counts:
                 for dtype in dtypes:
                     if count:
@@ -392,7 +403,7 @@ def ll_paths(args: list[str]) -> None:
         os.environ["NCCLLAB_LL_COMPILED"] = mode
         got = []
         with collectives.Communicator(search_channels=case.channels, protocols="LL") as comm:
-            seed = comm.bootstrap.allgather_obj(int.from_bytes(os.urandom(4), "little") if mode == "1" else 0)[0]
+            seed = rank0(comm, int.from_bytes(os.urandom(4), "little") if mode == "1" else 0)
             seed = results[0][0] if results else seed
             n, r = comm.nranks, comm.rank
             for name in case.colls:

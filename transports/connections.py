@@ -14,14 +14,60 @@ hand the proxy its ops (``ncclProxySaveOp``), to ask whether a transport failed,
 """
 from __future__ import annotations
 
+import struct
 import time
 
+from include.device import MAXCHANNELS
 from misc.param import timeout_s
+from misc.sockets import BootstrapError
 from tracing import debug
 
 from .base import CommInfo
 from .net import ProxyOp, wait_sent
 from .registry import select_transport
+
+
+CONNECT_SIZE = 256                  # NCCL's ncclConnect: the most a transport's blob may hold
+BLOB_ENTRY = struct.Struct("<BHiH")  # direction (0 send, 1 recv), channel, peer, blob length; then the blob
+MAX_BLOBS_PER_CHANNEL = 16          # a ring's two and a tree's up to 2 x (1 up + 3 down), with room to spare
+
+
+def encode_blobs(blobs: dict) -> bytes:
+    """This rank's connect blobs ``{(direction, channel, peer): bytes}`` as one bounded message."""
+    out = [struct.pack("<I", len(blobs))]
+    for (d, ch, peer), blob in blobs.items():
+        if len(blob) > CONNECT_SIZE:
+            raise ValueError(f"a {d} connect blob of {len(blob)} bytes for channel {ch} exceeds {CONNECT_SIZE}")
+        out += [BLOB_ENTRY.pack(d == "recv", ch, peer, len(blob)), blob]
+    return b"".join(out)
+
+
+def blobs_bound() -> int:
+    return 4 + MAXCHANNELS * MAX_BLOBS_PER_CHANNEL * (BLOB_ENTRY.size + CONNECT_SIZE)
+
+
+def decode_blobs(raw: bytes, rank: int) -> dict:
+    """A peer's connect blobs back, each length checked against what the message holds."""
+    def bad(why: str) -> BootstrapError:
+        return BootstrapError(f"malformed connect blobs from rank {rank}: {why}")
+    if len(raw) < 4:
+        raise bad(f"{len(raw)} bytes")
+    (count,) = struct.unpack_from("<I", raw)
+    if count > MAXCHANNELS * MAX_BLOBS_PER_CHANNEL:
+        raise bad(f"{count} entries")
+    blobs, pos = {}, 4
+    for _ in range(count):
+        if pos + BLOB_ENTRY.size > len(raw):
+            raise bad("truncated")
+        recv, ch, peer, size = BLOB_ENTRY.unpack_from(raw, pos)
+        pos += BLOB_ENTRY.size
+        if size > CONNECT_SIZE or pos + size > len(raw):
+            raise bad(f"a blob of {size} bytes")
+        blobs[("recv" if recv else "send", ch, peer)] = raw[pos:pos + size]
+        pos += size
+    if pos != len(raw):
+        raise bad(f"{len(raw) - pos} bytes after the last entry")
+    return blobs
 
 
 class Connections:
@@ -46,7 +92,8 @@ class Connections:
         for ch, d, p in needs:
             t = chosen[(ch.id, d, p)]
             blobs[(d, ch.id, p)] = t.setup(self._state(t), ch.id, p, d == "send")
-        all_blobs = self.bootstrap.allgather_obj(blobs)
+        all_blobs = [decode_blobs(raw, r)
+                     for r, raw in enumerate(self.bootstrap.allgather(encode_blobs(blobs), blobs_bound()))]
         deadline = time.monotonic() + timeout_s()
         me_r = self.info.rank
         try:
@@ -55,7 +102,9 @@ class Connections:
                     if d != side:
                         continue
                     t = chosen[(ch.id, d, p)]
-                    peer_blob = all_blobs[p][("recv" if d == "send" else "send", ch.id, me_r)]
+                    peer_blob = all_blobs[p].get(("recv" if d == "send" else "send", ch.id, me_r))
+                    if peer_blob is None:
+                        raise BootstrapError(f"rank {me_r}: rank {p} published no {d} peer for channel {ch.id}")
                     conn = t.connect(self._state(t), ch.id, p, d == "send", blobs[(d, ch.id, p)], peer_blob,
                                      deadline)
                     (ch.send_to if d == "send" else ch.recv_from)[p] = conn
@@ -97,9 +146,17 @@ class Connections:
         return next((e for t, s in self.states.items() if (e := t.error(s))), None)
 
     def free(self, drain: bool = True) -> None:
+        """Every transport's ``free`` (``freeChannel`` → ``transportComm->free``, then ``ncclProxyDestroy``), each
+        one even if another failed: the first failure is raised once all are freed."""
+        first = None
         for t, state in self.states.items():
-            t.free(state, drain)
+            try:
+                t.free(state, drain)
+            except Exception as exc:  # noqa: BLE001 - free the rest, then report it
+                first = first or exc
         self.states = {}
+        if first is not None:
+            raise first
 
 
 def connect_rings(conns: Connections, channels: list) -> None:

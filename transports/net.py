@@ -296,10 +296,13 @@ class Proxy(threading.Thread):
         return out
 
     def stop(self) -> None:
+        """``ncclProxyStop``, then ``commFree``'s join: the thread ends before its connections close."""
         self.stopping = True
         self.posted.set()
         if self.is_alive():
-            self.join(timeout=2.0)
+            self.join(timeout=2.0)  # it naps at most NAP_S, or waits on ``posted``, just set
+        self.pending.clear()
+        self.active = []
 
 
 class NetState:
@@ -328,7 +331,7 @@ class NetTransport(Transport):
     def setup(self, state: NetState, channel: int, peer: int, is_send: bool):
         """The receiver listens and publishes the plugin's handle; the sender has nothing to publish."""
         if is_send:
-            return None
+            return b""
         handle, state.listens[(channel, peer)] = state.plugin.listen(0)
         return handle
 
@@ -377,4 +380,6 @@ class NetTransport(Transport):
             state.plugin.close_listen(lc)
         for nc in state.connections:
             (nc.plugin.close_send if nc.conn.is_send else nc.plugin.close_recv)(nc.comm)
+            nc.conn.proxy_conn, nc.views, nc.comm = None, {}, None  # the connector <-> connection cycle
+            nc.ops.clear()
         state.listens, state.connections = {}, []

@@ -7,22 +7,47 @@ default outside AWS and GCP), or is cut into tasks of ``max(NCCL_SOCKET_MIN_TASK
 Requests on one comm complete in order.  The receiver rejects a size larger than it posted ("message
 truncated") and a header beyond ``NCCL_MAX_NET_SIZE``.  All I/O is non-blocking: ``test`` moves bytes and returns.
 Interface and address: ``NCCL_SOCKET_IFNAME`` (see ``misc.sockets``).
+
+Setup is ``ncclNetSocketListen`` / ``Connect`` / ``Accept``: the listen handle carries the address, a magic, and
+the listener's socket and thread counts, which the connecting side adopts.  The sender opens the data sockets,
+then the control socket, each starting with the handshake (magic, ``ncclSocketTypeNetSocket``) and its index as one
+byte; the listener (``misc.listener``) drops any connection whose handshake or index is wrong, or that stays
+silent, and goes on accepting.  Deliberate difference: the magic is random per listener (NCCL's is the fixed
+``NCCL_SOCKET_MAGIC`` unless that variable is set, which we honour), since the handle only travels over the
+bootstrap: a stranger on the network cannot present it.
 """
 from __future__ import annotations
 
 import queue
+import secrets
 import socket
 import struct
 import threading
-import time
 from collections import deque
 
 from misc import sockets
-from misc.param import env_int, timeout_s
+from misc.listener import SOCKET_TYPE_NET_SOCKET, Listener, hello
+from misc.param import env_int, env_str, timeout_s
+
+from tracing import debug
 
 from .net_plugin import NetError, NetPlugin, NetProperties
 
 MAX_NET_SIZE = 1 << 30            # NCCL_MAX_NET_SIZE
+# ncclNetSocketHandle: port, IPv4 address, magic, data sockets, helper threads
+HANDLE = struct.Struct("<H16sQii")
+SOCK_INDEX = struct.Struct("<B")  # each connection's first byte after the handshake: its index (nSocks = control)
+
+
+def socket_magic() -> int:
+    """The listener's magic: ``NCCL_SOCKET_MAGIC`` when set (``ncclSocketDefaultMagic``), else random."""
+    raw = env_str("NCCL_SOCKET_MAGIC")
+    if raw:
+        try:
+            return int(raw, 0) & 0xFFFFFFFFFFFFFFFF
+        except ValueError:
+            pass
+    return secrets.randbits(64)
 
 
 class _Request:
@@ -55,13 +80,28 @@ class _Comm:
             self.workers.append(w)
 
     def close(self) -> None:
+        """``ncclNetSocketClose``: stop and join the helper threads, then close every socket.  After a clean
+        collective the helpers are idle and return at once; one still blocked in a send or receive (a failed
+        peer) is woken by shutting its sockets down, so that no thread outlives its comm."""
         for q in self.queues:
             q.put(None)
+        for w in self.workers:
+            w.join(timeout=0.5)
+        if any(w.is_alive() for w in self.workers):
+            for s in self.data:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            for w in self.workers:
+                w.join(timeout=2.0)
+        self.workers, self.queues = [], []
         for s in [self.ctrl, *self.data]:
             try:
                 s.close()
             except OSError:
                 pass
+        self.requests.clear()  # their buffers are views of the connection's FIFOs
 
 
 def _helper(q: "queue.Queue") -> None:
@@ -106,29 +146,58 @@ class SocketNet(NetPlugin):
         return NetProperties(name=self.ifname, speed=10000)
 
     def listen(self, dev: int):
-        srv = sockets.listen(self.addr)
-        host, port = srv.getsockname()
-        return struct.pack("<H", port) + host.encode(), srv
+        """``ncclNetSocketListen``: a listener and the handle that names it (address, magic, counts)."""
+        magic = socket_magic()
+        srv = Listener(sockets.listen(self.addr), magic, SOCKET_TYPE_NET_SOCKET, "NET/Socket listener")
+        host, port = srv.address()
+        return HANDLE.pack(port, host.encode(), magic, self.nsocks, self.nthreads), srv
 
     def connect(self, dev: int, handle: bytes, deadline: float) -> _Comm:
-        (port,) = struct.unpack_from("<H", handle)
-        host = handle[2:].decode()
-        ctrl = sockets.connect((host, port), deadline, "net peer")
-        ctrl.sendall(struct.pack("<I", self.nsocks))
-        data = []
-        for _ in range(self.nsocks):
-            data.append(sockets.connect((host, port), deadline, "net peer (data socket)"))
-        return _Comm(ctrl, data, f"{host}:{port}", self.nthreads)
+        """``ncclNetSocketConnect``: the data sockets, then the control socket, each with the handshake and its
+        index; the listener's counts are the comm's."""
+        if len(handle) != HANDLE.size:
+            raise NetError(f"NET/Socket: a connect handle of {len(handle)} bytes, expected {HANDLE.size}")
+        port, host_raw, magic, nsocks, nthreads = HANDLE.unpack(handle)
+        host = host_raw.rstrip(b"\0").decode("ascii", "replace")
+        if not 0 <= nsocks <= sockets.SOCKET_MAX_SOCKETS or not 0 <= nthreads <= sockets.SOCKET_MAX_THREADS:
+            raise NetError(f"NET/Socket: a connect handle with {nsocks} sockets and {nthreads} threads")
+        greeting = hello(magic, SOCKET_TYPE_NET_SOCKET)
+        socks = []
+        try:
+            for i in range(nsocks + 1):
+                what = "net peer" + (" (data socket)" if i < nsocks else "")
+                s = sockets.connect((host, port), deadline, what, greeting)
+                socks.append(s)
+                s.sendall(SOCK_INDEX.pack(i))
+        except BaseException:
+            for s in socks:
+                s.close()
+            raise
+        return _Comm(socks[-1], socks[:-1], f"{host}:{port}", nthreads)
 
-    def accept(self, listen_comm, deadline: float) -> _Comm:
-        ctrl = sockets.accept(listen_comm, deadline, "net peer")
-        ctrl.settimeout(max(0.01, deadline - time.monotonic()))
-        (nsocks,) = struct.unpack("<I", _read_exact(ctrl, 4))
-        if nsocks != self.nsocks:
-            raise NetError(f"peer uses {nsocks} data sockets, this rank {self.nsocks}: NCCL_SOCKET_NTHREADS / "
-                           f"NCCL_NSOCKS_PERTHREAD must match")
-        data = [sockets.accept(listen_comm, deadline, "net peer (data socket)") for _ in range(nsocks)]
-        return _Comm(ctrl, data, str(ctrl.getpeername()), self.nthreads)
+    def accept(self, listen_comm: Listener, deadline: float) -> _Comm:
+        """``ncclNetSocketAccept``: take connections until the control socket and every data socket are in; a
+        connection with a wrong handshake, an index out of range or one already taken is dropped."""
+        nsocks = self.nsocks
+        got: dict[int, socket.socket] = {}
+        try:
+            while len(got) < nsocks + 1:
+                s, body, addr = listen_comm.accept(deadline, f"the NET peer's socket {len(got)} of {nsocks + 1}",
+                                                   first=SOCK_INDEX.size)
+                (i,) = SOCK_INDEX.unpack(body)
+                if i > nsocks or i in got:
+                    debug.info("NET", f"NET/Socket listener: connection from {addr} claims socket index {i}, "
+                                      f"discarding peer connection")
+                    listen_comm.dropped += 1
+                    s.close()
+                    continue
+                got[i] = s
+        except BaseException:
+            for s in got.values():
+                s.close()
+            raise
+        ctrl = got[nsocks]
+        return _Comm(ctrl, [got[i] for i in range(nsocks)], str(ctrl.getpeername()), self.nthreads)
 
     def isend(self, comm: _Comm, buf: memoryview, size: int, tag: int, mhandle):
         if len(comm.requests) >= 32:  # NCCL_NET_MAX_REQUESTS
@@ -226,15 +295,5 @@ class SocketNet(NetPlugin):
     def close_recv(self, comm: _Comm) -> None:
         comm.close()
 
-    def close_listen(self, listen_comm) -> None:
+    def close_listen(self, listen_comm: Listener) -> None:
         listen_comm.close()
-
-
-def _read_exact(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise NetError("connection closed during setup")
-        buf += chunk
-    return buf

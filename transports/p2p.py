@@ -19,6 +19,7 @@ by the node's first rank and opened by the others, instead of one allocation and
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 
@@ -120,7 +121,13 @@ class P2PState:
             # CUDA leaves it undefined to free exported memory while an importer still maps it, and the peers
             # close theirs in their own time: the owner keeps the pool until its process ends.
             _RETIRED.append(_IN_PROCESS.pop(self.name, self.base))
-        self.base = None
+        self.base = None  # first: under cudasim the pool is a view of the segment, which cannot unmap under it
+        if self.segment is not None:
+            self.segment.close()
+            self.segment = None
+
+
+_BLOB = struct.Struct("<i")  # the connect blob: the peer process's pid
 
 
 class P2PConnector:
@@ -143,13 +150,16 @@ class P2PTransport(Transport):
     def new_state(self, info: CommInfo) -> P2PState:
         return P2PState(info, info.device)
 
-    def setup(self, state: P2PState, channel: int, peer: int, is_send: bool) -> dict:
-        return {"pid": os.getpid()}  # same process as the peer: the pointer itself
+    def setup(self, state: P2PState, channel: int, peer: int, is_send: bool) -> bytes:
+        return _BLOB.pack(os.getpid())  # the peer in this same process takes the pointer itself
 
     def connect(self, state: P2PState, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
                 deadline: float) -> P2PConnector:
         state.open()
-        path = "direct pointer" if peer_blob["pid"] == os.getpid() else "IPC"
+        if len(peer_blob) != _BLOB.size:
+            raise P2PError(f"rank {peer}: a P2P connect blob of {len(peer_blob)} bytes, expected {_BLOB.size}")
+        (peer_pid,) = _BLOB.unpack(peer_blob)
+        path = "direct pointer" if peer_pid == os.getpid() else "IPC"
         if is_send:
             me, dev = state.info.rank, state.info.dev
             log_connection(channel, me, dev(me), peer, dev(peer), path)

@@ -8,15 +8,30 @@ the FIFO directly; no proxy is involved (``proxyProgress`` is NULL for SHM).
 """
 from __future__ import annotations
 
+import re
+
 from include.connector import (DOORBELL_OFFSET, HEAD_OFFSET, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector,
                                recv_layout)
 from misc.param import env_int
-from misc.shm_segment import ShmSegment
+from misc.shm_segment import ShmError, ShmSegment
 from tracing import debug
 
 from .base import CommInfo, Transport
 
 NAME = "SHM"
+_SEGMENT = re.compile(r"nccllab-[0-9a-f]{12}-[A-Za-z0-9-]{1,64}")
+
+
+def segment_name(blob: bytes, tag: str, peer: int) -> str:
+    """A peer's connect blob is the name of its segment: one of this communicator's, nothing else (a name is
+    opened under /dev/shm, so a path or another job's segment must never get through)."""
+    try:
+        name = blob.decode("ascii")
+    except UnicodeDecodeError:
+        name = ""
+    if not _SEGMENT.fullmatch(name) or not name.startswith(f"nccllab-{tag}-"):
+        raise ShmError(f"rank {peer} published {blob[:80]!r} as its SHM segment, not one of this communicator's")
+    return name
 
 
 class ShmSetup:
@@ -77,6 +92,14 @@ class ShmSetup:
         for seg in self.owned:
             seg.unlink()
 
+    def close(self) -> None:
+        """``shmSendFree`` / ``shmRecvFree`` (``ncclShmIpcClose``): unmap every segment, ours and the peers'.  The
+        communicator has dropped the connectors built on them first: their views would keep a mapping open."""
+        self.unlink_all()
+        for seg in self.owned + self.mapped:
+            seg.close()
+        self.owned, self.mapped = [], []
+
 
 class ShmTransport(Transport):
     """``shmTransport``: the segments are the whole connection; no proxy (``proxyProgress`` is NULL for SHM)."""
@@ -91,12 +114,13 @@ class ShmTransport(Transport):
         state.info = info
         return state
 
-    def setup(self, state: ShmSetup, channel: int, peer: int, is_send: bool) -> str:
-        return (state.send_setup if is_send else state.recv_setup)(channel, peer)
+    def setup(self, state: ShmSetup, channel: int, peer: int, is_send: bool) -> bytes:
+        return (state.send_setup if is_send else state.recv_setup)(channel, peer).encode()
 
-    def connect(self, state: ShmSetup, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
+    def connect(self, state: ShmSetup, channel: int, peer: int, is_send: bool, my_blob: bytes, peer_blob: bytes,
                 deadline: float) -> Connector:
         me, dev = state.info.rank, state.info.dev
+        my_blob, peer_blob = my_blob.decode(), segment_name(peer_blob, state.tag, peer)
         if not is_send:
             return state.recv_connect(my_blob, peer_blob, peer)
         debug.info("INIT|SHM", f"Channel {channel:02d} : {me}[{dev(me)}] -> {peer}[{dev(peer)}] via SHM/direct")
@@ -106,4 +130,4 @@ class ShmTransport(Transport):
         state.unlink_all()  # every peer has mapped our segments: nothing of ours stays in /dev/shm
 
     def free(self, state: ShmSetup, drain: bool = True) -> None:
-        state.unlink_all()
+        state.close()

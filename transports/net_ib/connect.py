@@ -8,20 +8,29 @@ own metadata.  The sender moves its QPs the same way and sends "ready"; only the
 entries.  As in NCCL, the steps after the first message do not block: a comm that is not ready yet makes
 ``isend``/``irecv`` return no request (NCCL returns a NULL comm from connect/accept instead; our interface
 returns the comm at once because every rank connects all its sends before accepting).
+Every message is a fixed layout (``META``, NCCL's ``struct ncclIbConnectionMetadata`` with its
+``NCCL_IB_MAX_QPS`` slots), and the OOB socket starts with the handshake (``ncclSocketTypeNetIb``) under a magic
+that the listen handle carries (random per listener, as for NET/Socket: ``net_socket.socket_magic``); the listener
+drops strangers and goes on accepting.
 QP attributes are NCCL's: ``min_rnr_timer`` 12, ``max_dest_rd_atomic`` 1, ``timeout`` NCCL_IB_TIMEOUT,
 ``retry_cnt`` NCCL_IB_RETRY_CNT, ``rnr_retry`` 7, ``sq_sig_all`` 0; GRH with ``hop_limit`` 255 on RoCE.
 """
 from __future__ import annotations
 
-import json
 import socket
 import struct
 
 from misc import sockets
+from misc.listener import SOCKET_TYPE_NET_IB, Listener, hello
 from tracing import debug
 
 from ..net_plugin import NetError
-from .common import NCCL_NET_IB_MAX_RECVS, NET_IB_MAX_REQUESTS, SEND_FIFO, aligned_zeros
+from ..net_socket import socket_magic
+from .common import NCCL_IB_MAX_QPS, NCCL_NET_IB_MAX_RECVS, NET_IB_MAX_REQUESTS, SEND_FIFO, aligned_zeros
+
+HANDLE = struct.Struct("<H16sQ")  # ncclIbHandle: the listener's port, IPv4 address and magic
+# lid, mtu, link layer, ndevs, GID (text), CTS FIFO address and rkey, QP count, then NCCL_IB_MAX_QPS QP numbers
+META = struct.Struct(f"<HIBB46sQIH{NCCL_IB_MAX_QPS}I")
 from .reg import MrCache
 
 
@@ -90,10 +99,24 @@ class IbCommBase:
             qp.modify(attr, e.IBV_QP_STATE | e.IBV_QP_TIMEOUT | e.IBV_QP_RETRY_CNT | e.IBV_QP_RNR_RETRY
                       | e.IBV_QP_SQ_PSN | e.IBV_QP_MAX_QP_RD_ATOMIC)
 
-    def metadata(self, **extra) -> dict:
-        dev = self.dev
-        return {"qpn": [qp.qp_num for qp in self.qps], "lid": dev.lid, "gid": str(dev.gid), "mtu": dev.mtu,
-                "link_layer": dev.link_layer, "ndevs": 1, **extra}
+    def metadata(self, fifo_addr: int = 0, fifo_rkey: int = 0) -> bytes:
+        """``struct ncclIbConnectionMetadata`` as bytes: this side's QPs and device, and its CTS FIFO."""
+        dev, qpns = self.dev, [qp.qp_num for qp in self.qps]
+        return META.pack(dev.lid, dev.mtu, dev.link_layer, 1, str(dev.gid).encode(), fifo_addr, fifo_rkey,
+                         len(qpns), *qpns, *[0] * (NCCL_IB_MAX_QPS - len(qpns)))
+
+    def parse_metadata(self, raw: bytes) -> dict:
+        """The peer's metadata, checked against this comm before any QP is touched."""
+        lid, mtu, link_layer, ndevs, gid, fifo_addr, fifo_rkey, nqps, *qpn = META.unpack(raw)
+        if nqps != self.nqps:
+            raise NetError(f"NET/IB : peer {self.peer} opened {nqps} QPs, this rank {self.nqps}: "
+                           f"NCCL_IB_QPS_PER_CONNECTION must match")
+        try:
+            gid_text = gid.rstrip(b"\0").decode("ascii")
+        except UnicodeDecodeError:
+            raise NetError(f"NET/IB : peer {self.peer} sent a malformed GID") from None
+        return {"qpn": qpn[:nqps], "lid": lid, "gid": gid_text, "mtu": mtu, "link_layer": link_layer,
+                "ndevs": ndevs, "fifo_addr": fifo_addr, "fifo_rkey": fifo_rkey}
 
     # --- the non-blocking part of the handshake ---------------------------------------------------------------
     def _read_nonblocking(self, want: int) -> bool:
@@ -151,16 +174,9 @@ class IbSendComm(IbCommBase):
     def progress_connect(self) -> bool:
         if self.ready:
             return True
-        if not self._read_nonblocking(8):
+        if not self._read_nonblocking(META.size):
             return False
-        (size,) = struct.unpack_from("<Q", self.rx)
-        if not self._read_nonblocking(8 + size):
-            return False
-        meta = json.loads(bytes(self.rx[8:]))
-        if len(meta["qpn"]) != self.nqps:
-            raise NetError(f"NET/IB : peer {self.peer} opened {len(meta['qpn'])} QPs, this rank {self.nqps}: "
-                           f"NCCL_IB_QPS_PER_CONNECTION must match")
-        self.rtr_rts(meta)
+        self.rtr_rts(self.parse_metadata(bytes(self.rx)))
         self.sock.sendall(b"R")
         self.ready = True
         return True
@@ -169,12 +185,10 @@ class IbSendComm(IbCommBase):
 class IbRecvComm(IbCommBase):
     """``struct ncclIbRecvComm``: QPs towards the sender, the shadow of its CTS FIFO (``remCtsFifo``)."""
 
-    def __init__(self, net, dev, sock, meta: dict):
+    def __init__(self, net, dev, sock, raw_meta: bytes):
         super().__init__(net, dev, sock, False)
         e = self.V.e
-        if len(meta["qpn"]) != self.nqps:
-            raise NetError(f"NET/IB : peer {self.peer} opened {len(meta['qpn'])} QPs, this rank {self.nqps}: "
-                           f"NCCL_IB_QPS_PER_CONNECTION must match")
+        meta = self.parse_metadata(raw_meta)
         for _ in range(self.nqps):
             self.create_qp(e.IBV_ACCESS_REMOTE_WRITE, 2 * NET_IB_MAX_REQUESTS, NET_IB_MAX_REQUESTS)
         self.rtr_rts(meta)
@@ -194,26 +208,30 @@ class IbRecvComm(IbCommBase):
 
 
 def listen(net, dev_index: int):
-    srv = sockets.listen(net.addr)
-    host, port = srv.getsockname()
-    return struct.pack("<H", port) + host.encode(), (srv, dev_index)
+    """``ncclIbListen``: the OOB listener and its handle (address and magic)."""
+    magic = socket_magic()
+    srv = Listener(sockets.listen(net.addr), magic, SOCKET_TYPE_NET_IB, "NET/IB listener")
+    host, port = srv.address()
+    return HANDLE.pack(port, host.encode(), magic), (srv, dev_index)
 
 
 def connect(net, dev_index: int, handle: bytes, deadline: float) -> IbSendComm:
-    (port,) = struct.unpack_from("<H", handle)
-    host = handle[2:].decode()
-    sock = sockets.connect((host, port), deadline, "NET/IB peer")
+    """``ncclIbConnect``: the OOB socket (handshake first), then this side's metadata."""
+    if len(handle) != HANDLE.size:
+        raise NetError(f"NET/IB : a connect handle of {len(handle)} bytes, expected {HANDLE.size}")
+    port, host_raw, magic = HANDLE.unpack(handle)
+    host = host_raw.rstrip(b"\0").decode("ascii", "replace")
+    sock = sockets.connect((host, port), deadline, "NET/IB peer", hello(magic, SOCKET_TYPE_NET_IB))
     comm = IbSendComm(net, net.devs[dev_index], sock)
-    meta = comm.metadata(fifo_addr=comm.cts_fifo.ctypes.data, fifo_rkey=comm.fifo_mr.rkey)
-    sockets.send_msg(sock, json.dumps(meta).encode(), deadline, f"NET/IB peer {comm.peer}")
+    sock.sendall(comm.metadata(fifo_addr=comm.cts_fifo.ctypes.data, fifo_rkey=comm.fifo_mr.rkey))
     return comm
 
 
 def accept(net, listen_comm, deadline: float) -> IbRecvComm:
+    """``ncclIbAccept``: the next connection that passed the handshake and sent a whole metadata message."""
     srv, dev_index = listen_comm
-    sock = sockets.accept(srv, deadline, "NET/IB peer")
-    meta = json.loads(sockets.recv_msg(sock, deadline, "NET/IB peer"))
-    comm = IbRecvComm(net, net.devs[dev_index], sock, meta)
-    sockets.send_msg(sock, json.dumps(comm.metadata()).encode(), deadline, f"NET/IB peer {comm.peer}")
+    sock, raw_meta, _ = srv.accept(deadline, "the NET/IB peer", first=META.size)
+    comm = IbRecvComm(net, net.devs[dev_index], sock, raw_meta)
+    sock.sendall(comm.metadata())
     sock.settimeout(None)
     return comm

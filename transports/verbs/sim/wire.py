@@ -8,19 +8,29 @@ WRITE_WITH_IMM (RNR: ``min_rnr_timer`` per try, ``rnr_retry`` tries, 7 meaning f
 ``NCCLLAB_TIMEOUT``), places the bytes into registered memory, queues the receive completion, then acks.  So a
 completion at either end implies placement.  Order: one TCP stream per HCA pair keeps each QP in order; nothing
 is promised across QPs (chaos mode reorders placement within a write).
+
+Each link starts with the lab's handshake (``misc.listener``: a magic, then the wire's socket type) before its
+``HELLO``; the HCA's listener drops any other connection and goes on accepting.  The magic is this machine's
+provider key (``wire_magic``): HCAs listen on loopback only, so the trust boundary is the host's user, as a key
+file readable by that user alone makes it.
 """
 from __future__ import annotations
 
 import collections
 import ctypes
+import os
 import queue
+import secrets
 import socket
 import struct
+import tempfile
 import threading
 import time
 
 from misc import sockets
+from misc.listener import SOCKET_TYPE_VERBS_WIRE, Listener, hello
 from misc.param import timeout_s
+from misc.sockets import BootstrapError
 
 from . import enums as e
 from .cq import WC
@@ -29,6 +39,30 @@ HELLO = struct.Struct("<I")                    # requester's LID
 HDR = struct.Struct("<BIIQIQIQBBB")           # opcode, dst qpn, src qpn, seq, rkey, raddr, imm, length,
 ACK = struct.Struct("<QB")                     # rnr_retry, timeout, retry_cnt | seq, status
 RNR_TIMER_S = {0: 655.36e-3, 1: 0.01e-3, 12: 0.64e-3, 31: 491.52e-3}  # IB's min_rnr_timer codes (a few)
+
+
+_magic: list[int] = []
+
+
+def wire_magic() -> int:
+    """The provider key every HCA of this user on this machine shares: a random 64-bit value kept in a file
+    only this user can read (made on first use; ``NCCLLAB_VERBS_SIM_KEY`` names another file)."""
+    if _magic:
+        return _magic[0]
+    path = os.environ.get("NCCLLAB_VERBS_SIM_KEY") or os.path.join(tempfile.gettempdir(),
+                                                                   f"nccllab-verbs-sim-{os.getuid()}.key")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{secrets.randbits(64):016x}\n")
+    except FileExistsError:
+        pass
+    st = os.stat(path)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise PermissionError(f"{path}: the verbs provider's key must belong to this user and be private (0600)")
+    with open(path) as f:
+        _magic.append(int(f.read().strip() or "0", 16))
+    return _magic[0]
 
 
 def _view(addr: int, length: int) -> memoryview:
@@ -64,7 +98,8 @@ class Link:
         try:
             if dlid in hca.dead_lids:
                 raise ConnectionError("peer HCA is gone")
-            self.sock = sockets.connect((hca.ip, dlid), time.monotonic() + 5.0, f"HCA LID {dlid}")
+            self.sock = sockets.connect((hca.ip, dlid), time.monotonic() + 5.0, f"HCA LID {dlid}",
+                                        hello(wire_magic(), SOCKET_TYPE_VERBS_WIRE))
             self.sock.settimeout(None)
             self.sock.sendall(HELLO.pack(hca.lid))
         except Exception:  # noqa: BLE001  no route: every WR fails as retries exceeded
@@ -146,22 +181,22 @@ class Link:
 # --- responder --------------------------------------------------------------------------------------------------
 
 def serve(hca) -> None:
+    """The HCA's listener thread: each requester that passes the handshake gets a responder thread."""
+    listener = Listener(hca.srv, wire_magic(), SOCKET_TYPE_VERBS_WIRE, f"verbs provider {hca.name}")
     while True:
         try:
-            conn, _ = hca.srv.accept()
+            conn, first, _ = listener.accept(time.monotonic() + 3600.0, "a requester HCA", first=HELLO.size)
+        except BootstrapError:
+            continue  # an hour with no requester: keep listening
         except OSError:
-            return
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        threading.Thread(target=_respond_loop, args=(hca, conn), name=f"nccllab-sim-{hca.name}-rx",
+            return  # the HCA's socket was closed
+        (src_lid,) = HELLO.unpack(first)
+        threading.Thread(target=_respond_loop, args=(hca, conn, src_lid), name=f"nccllab-sim-{hca.name}-rx",
                          daemon=True).start()
 
 
-def _respond_loop(hca, conn: socket.socket) -> None:
-    src_lid = None
+def _respond_loop(hca, conn: socket.socket, src_lid: int) -> None:
     try:
-        hello = bytearray(HELLO.size)
-        _recv_exact_into(conn, memoryview(hello))
-        (src_lid,) = HELLO.unpack(hello)
         hdr = bytearray(HDR.size)
         while True:
             _recv_exact_into(conn, memoryview(hdr))
@@ -169,8 +204,7 @@ def _respond_loop(hca, conn: socket.socket) -> None:
             status = _respond(hca, conn, *fields)
             conn.sendall(ACK.pack(fields[3], status))
     except (OSError, ConnectionError):
-        if src_lid is not None:
-            hca.peer_lost(src_lid)
+        hca.peer_lost(src_lid)
     finally:
         conn.close()
 
