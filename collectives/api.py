@@ -12,10 +12,16 @@ The second positional argument tells the forms apart: an array is nccl4py's rece
 Buffers are numpy arrays; on ``--device cuda`` also any CUDA array (``__cuda_array_interface__``: cupy, numba,
 torch; or DLPack), taken without a copy as the device layer's array (cupy).  The simulator's memory is host memory:
 numpy there.
+
+Buffers that share bytes are refused (``check_overlap``), except the exact in-place form of each collective.  NCCL
+leaves a partial overlap undefined, and it is silently wrong: a receive buffer shifted by one element from the send
+buffer is overwritten before the ring has read it.  The lab never returns a wrong result, so it refuses.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from misc.futex import address
 
 from .device.reduce_copy import dtype_name
 
@@ -103,6 +109,36 @@ def buffers(name: str, send, out, out_count: int, out_shape: tuple, zero: bool =
     return send.reshape(-1), out.reshape(-1)[:out_count], out
 
 
+def extent(arr) -> tuple[int, int]:
+    """The bytes a C-contiguous buffer spans, [start, end): host memory, or device memory for a CUDA array (its
+    device pointer; two device ranges are compared only with each other, never with host ones)."""
+    start = address(arr)
+    return start, start + arr.nbytes
+
+
+def check_overlap(name: str, func: str, rank: int, send, recv) -> None:
+    """Refuse a send and a receive buffer (the flat views the kernel reads and writes) that share bytes, unless the
+    call is exactly in place as NCCL defines it for ``func``: AllGather's send buffer is this rank's block of the
+    receive buffer (``recv + rank * count``); ReduceScatter's receive buffer is this rank's block of the send
+    buffer (``send + rank * recvcount``); the others' receive buffer is the send buffer itself.  Checked on every
+    rank before anything is enqueued, so the refusal is the same everywhere and the communicator stays usable."""
+    (s0, s1), (r0, r1) = extent(send), extent(recv)
+    if s0 >= r1 or r0 >= s1 or s0 == s1 or r0 == r1:
+        return  # disjoint (or nothing to move)
+    if func == "AllGather":
+        exact = s0 == r0 + rank * send.nbytes
+        rule = f"the send buffer is this rank's block of the receive buffer (recvbuff + {rank} * count)"
+    elif func == "ReduceScatter":
+        exact = r0 == s0 + rank * recv.nbytes
+        rule = f"the receive buffer is this rank's block of the send buffer (sendbuff + {rank} * recvcount)"
+    else:
+        exact = s0 == r0 and s1 == r1
+        rule = "the receive buffer is the send buffer"
+    if not exact:
+        raise ValueError(f"{name}: the send buffer [{s0:#x}, {s1:#x}) and the receive buffer [{r0:#x}, {r1:#x}) "
+                         f"overlap, and the call is not in place ({rule}): use disjoint buffers or exactly that")
+
+
 def gathered_shape(shape: tuple, nranks: int) -> tuple:
     """AllGather's result: the ranks' inputs concatenated along the first axis."""
     return (nranks * shape[0], *shape[1:]) if shape else (nranks,)
@@ -130,6 +166,7 @@ class Collectives:
         out, op = buffer_first("all_reduce", rest, out, op, "sum")
         send = check_send("all_reduce", send, self.device)
         flat, recv, result = buffers("all_reduce", send, out, send.size, send.shape, device=self.device)
+        check_overlap("all_reduce", "AllReduce", self.rank, flat, recv)
         self._launch("AllReduce", flat, recv, flat.size, op, -1)
         return result
 
@@ -138,6 +175,7 @@ class Collectives:
         send = check_send("all_gather", send, self.device)
         shape = gathered_shape(send.shape, self.nranks)
         flat, recv, result = buffers("all_gather", send, out, send.size * self.nranks, shape, device=self.device)
+        check_overlap("all_gather", "AllGather", self.rank, flat, recv)
         self._launch("AllGather", flat, recv, flat.size, "sum", -1)
         return result
 
@@ -150,6 +188,7 @@ class Collectives:
         count = send.size // self.nranks
         shape = scattered_shape(send.shape, count, self.nranks)
         flat, recv, result = buffers("reduce_scatter", send, out, count, shape, device=self.device)
+        check_overlap("reduce_scatter", "ReduceScatter", self.rank, flat, recv)
         self._launch("ReduceScatter", flat, recv, count, op, -1)
         return result
 
@@ -159,6 +198,7 @@ class Collectives:
         buf = check_send("broadcast", buf, self.device)
         flat, recv, result = buffers("broadcast", buf, buf if out is None else out, buf.size, buf.shape,
                                      device=self.device)
+        check_overlap("broadcast", "Broadcast", self.rank, flat, recv)
         self._launch("Broadcast", flat, recv, flat.size, "sum", root)
         return result
 
@@ -181,6 +221,7 @@ class Collectives:
         send = check_send("reduce", send, self.device)
         flat, recv, result = buffers("reduce", send, out, send.size, send.shape, zero=self.rank != root,
                                      device=self.device)
+        check_overlap("reduce", "Reduce", self.rank, flat, recv)
         self._launch("Reduce", flat, recv, flat.size, op, root)
         return result
 
