@@ -43,6 +43,9 @@ from .peers import buffer_sizes, exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
 
 
+DESTROYED = "communicator was destroyed"  # what any call after destroy() raises (RuntimeError)
+
+
 class Communicator(api.Collectives):
     """``ncclComm``: ``Communicator(unique_id, nranks, rank)``, or ``Communicator()`` to read the launcher's
     (or mpirun's) environment.  A context manager: leaving the block calls ``destroy``."""
@@ -158,11 +161,30 @@ class Communicator(api.Collectives):
                 "net": bool(self.conns and self.conns.proxied)}
 
     def _free_connections(self, failed: bool = False) -> None:
-        """The transports' ``free``: the proxy first finishes its last ops, so their events are in the trace
-        (after a failure it never would: then at once, so that the rank exits and its peers learn it)."""
-        if self.conns is not None:
-            self.conns.free(drain=not failed and self._error is None)
+        """``commFree``: give everything back at once, in the order that lets each piece go.  First what holds
+        numpy views of shared memory (an mmap cannot close while a view of it exists): the tasks' compiled forms,
+        the LL cache, the kernel's last waits, the GPU rank's pool, the channels' connectors.  Then the
+        transports' ``free``: segments unmapped, plugin comms and sockets closed, the proxy thread joined; the
+        proxy first finishes its last ops, so their events are in the trace (after a failure it never would: then
+        at once, so that the rank exits and its peers learn it).  Then the status pages.  Dropping these also
+        breaks the cycles between the communicator and its parts, so nothing waits for the cycle collector."""
+        self._tasks = {}
+        if getattr(self, "_compiled", None) is not None:
+            self._compiled.free()
+        if self._kernel is not None:
+            self._kernel.free()
+        self._compiled = self._kernel = self._gpu = None
+        for ch in getattr(self, "channels", ()):
+            ch.send = ch.recv = None
+            ch.send_to.clear()
+            ch.recv_from.clear()
+        try:
+            if self.conns is not None:
+                self.conns.free(drain=not failed and self._error is None)
+        finally:
             self.conns = None
+            if self.health is not None:
+                self.health.close()
 
     def _flush_trace(self) -> None:
         if getattr(self, "tracer", None) is not None:
@@ -171,7 +193,7 @@ class Communicator(api.Collectives):
     # ------------------------------------------------------------------ collectives
     def _check(self) -> None:
         if self._destroyed:
-            raise RuntimeError("communicator was destroyed")
+            raise RuntimeError(DESTROYED)
         if self._error:
             raise CollectiveError(f"communicator is in error state after: {self._error}")
 
@@ -264,6 +286,9 @@ class Communicator(api.Collectives):
             raise ValueError(f"root {root} out of range for nranks {self.nranks}")
 
     def barrier(self) -> None:
+        """Every rank waits for the others (``bootstrapBarrier``); refused once destroyed: the ring is closed."""
+        if self._destroyed:
+            raise RuntimeError(DESTROYED)
         self.bootstrap.barrier()
 
     def destroy(self) -> None:
@@ -282,8 +307,12 @@ class Communicator(api.Collectives):
             self._free_connections()
             self._flush_trace()
             self.bootstrap.close()
-            for ch in self.channels:
-                ch.send = ch.recv = None
+            self._log_destroyed("Destroy")
+
+    def _log_destroyed(self, how: str) -> None:
+        """``commFree``'s last INFO line."""
+        debug.info("DESTROY", f"comm {hex(id(self))} rank {self.rank} nranks {self.nranks} cudaDev "
+                              f"{self.local_rank} busId 0 - {how} COMPLETE")
 
     def __enter__(self) -> "Communicator":
         return self
@@ -296,4 +325,5 @@ class Communicator(api.Collectives):
             self.health.destroyed(self.op_count)
             self._free_connections(failed=True)
             self.bootstrap.close()
+            self._log_destroyed("Abort")
 

@@ -24,11 +24,15 @@ import numpy as np
 from include.device import NCCL_STEPS
 from misc import sockets
 from tracing import debug
-from tracing.hang import report_dir, write_report
+from tracing.hang import MISMATCH, failure_kind, report_dir, write_report
 
 from .device.common import CollectiveError
 from .device.reduce_copy import DTYPE_CODES
 from .status import StatusPage, describe
+
+DTYPE_NAMES = {v: k for k, v in DTYPE_CODES.items()}
+# what a rank calls its report, by ``tracing.hang.failure_kind``: only a deadline is a hang
+REPORT_NAMES = {"mismatch": "mismatch report", "hang": "hang report", "error": "failure report"}
 
 
 def install_stack_dump() -> None:
@@ -66,7 +70,14 @@ class Health:
             self.mine.publish(op_count, signature)
 
     def check(self, kernel) -> None:
-        """Called while ``kernel`` waits: raise if whatever it waits for can no longer come."""
+        """Called while ``kernel`` waits: raise if whatever it waits for can no longer come.  A local peer that
+        called something else is looked for first, on every page: it is the cause, and a peer's abort or a
+        transport failure seen first would only be its echo (issue 24: a mismatch reported as a hang)."""
+        for r, page in self.pages.items():
+            if r != self.rank:
+                sig = page.signature(kernel.op_count)
+                if sig is not None and sig != self.signature:
+                    self._mismatch(r, sig, kernel.op_count)
         failure = self.transport_error()
         if failure:
             raise CollectiveError(f"rank {self.rank}: {failure}; during {kernel.func}: {kernel.describe_wait()}")
@@ -83,9 +94,6 @@ class Health:
                 raise CollectiveError(f"rank {self.rank}: rank {r} destroyed its communicator after "
                                       f"{page.completed} collectives, so it will never join {kernel.func} "
                                       f"(opCount {kernel.op_count}); this rank: {kernel.describe_wait()}")
-            sig = page.signature(kernel.op_count)
-            if sig is not None and sig != self.signature:
-                self._mismatch(r, sig, kernel.op_count)
 
     def check_peer_op(self, peer: int, op_count: int) -> None:
         """Before consuming a peer's first data of this collective: it must be running the same call."""
@@ -96,10 +104,13 @@ class Health:
                 self._mismatch(peer, sig, op_count)
 
     def _mismatch(self, peer: int, sig, op_count: int) -> None:
-        names = {v: k for k, v in DTYPE_CODES.items()}
-        theirs = describe(sig, names) if sig else "a different collective (opCount differs)"
-        raise CollectiveError(f"rank {self.rank}: collective mismatch with rank {peer} at opCount {op_count}: "
-                              f"this rank called {describe(self.signature, names)}, rank {peer} called {theirs}")
+        theirs = describe(sig, DTYPE_NAMES) if sig else "a different collective (opCount differs)"
+        raise CollectiveError(f"rank {self.rank}: {MISMATCH} with rank {peer} at opCount {op_count}: "
+                              f"this rank called {self.call()}, rank {peer} called {theirs}")
+
+    def call(self) -> str:
+        """This rank's current collective as the mismatch line writes it: ``AllReduce(count=4096, ...)``."""
+        return describe(self.signature, DTYPE_NAMES) if self.signature else ""
 
     def suspects(self) -> str:
         """For a deadline message: local peers whose process is stopped (SIGSTOP, a debugger)."""
@@ -116,16 +127,20 @@ class Health:
             os.write(2, f"NCCL WARN {msg}\n".encode(errors="replace"))
 
     def fail(self, exc: CollectiveError, kernel, tracer) -> None:
-        """This rank's collective failed: raise the abort flag, then write the hang report.  After a deadline,
-        first ask the ranks on this host for their Python stacks: a peer that is not waiting in a collective
-        (so printed no WARN line) shows where it is instead."""
+        """This rank's collective failed: raise the abort flag, then write the report (``tracing.hang``).  After
+        a deadline, first ask the ranks on this host for their Python stacks: a peer that is not waiting in a
+        collective (so printed no WARN line) shows where it is instead.  A mismatch is reported as one, never as
+        a hang: its report is written even when this rank found it before blocking (a rank missing from the
+        reports is what the hang analysis blames), and its line says "mismatch report" (a deadline's says "hang
+        report", any other failure's "failure report")."""
         if exc.timed_out:
             self.ask_for_stacks()
         self.mine.abort(str(exc))
-        if kernel is not None and kernel.wait_state:
-            path = write_report(report_dir(self.tag), self._report(kernel, str(exc), tracer))
+        kind = failure_kind(str(exc), exc.timed_out)
+        if kernel is not None and (kernel.wait_state or kind == "mismatch"):
+            path = write_report(report_dir(self.tag), self._report(kernel, str(exc), tracer, kind))
             if not exc.secondary:  # the rank that knows names the folder; its peers' reports go beside it
-                self.warn(f"rank {self.rank}: hang report written to {path} (python -m tracing hang "
+                self.warn(f"rank {self.rank}: {REPORT_NAMES[kind]} written to {path} (python -m tracing hang "
                           f"{os.path.dirname(path)})")
         debug.warn(str(exc))
 
@@ -148,13 +163,13 @@ class Health:
                       f"(SIGUSR1; NCCLLAB_HANG_STACKS=0 to skip)")
             time.sleep(0.2)  # before the abort flag ends their waits
 
-    def _report(self, kernel, error: str, tracer) -> dict:
+    def _report(self, kernel, error: str, tracer, kind: str) -> dict:
         waits = [{"channel": ch, "what": what, "peer": peer, "step": step, "slot": step % NCCL_STEPS, "prim": prim}
                  for (ch, _), (what, peer, step, _, _, prim) in sorted(kernel.wait_state.items())]
         last = [dict(kind=k, values=list(v)) for k, v in tracer.records[-8:]] if tracer is not None else []
         return {"rank": self.rank, "nranks": self.nranks, "pid": os.getpid(), "func": kernel.func,
-                "op_count": kernel.op_count, "waits": waits, "error": error, "last_events": last,
-                "proxy": self.transport_state()}
+                "op_count": kernel.op_count, "kind": kind, "call": self.call(), "waits": waits, "error": error,
+                "last_events": last, "proxy": self.transport_state()}
 
     def destroyed(self, completed: int) -> None:
         """This rank destroyed its communicator after ``completed`` collectives: a peer waiting in a later one
@@ -163,3 +178,11 @@ class Health:
 
     def peer_aborted(self) -> tuple[int, str] | None:
         return next(((r, p.message) for r, p in self.pages.items() if r != self.rank and p.aborted), None)
+
+    def close(self) -> None:
+        """The communicator is destroyed (after ``destroyed`` marked our page): unmap every status page, and
+        drop the callbacks into the communicator, so that no reference cycle keeps either alive."""
+        for page in self.pages.values():
+            page.close()
+        self.pages = {}
+        self.transport_error, self.transport_state = (lambda: None), list

@@ -38,6 +38,12 @@ class StatusPage:
     def attach(cls, name: str) -> "StatusPage":
         return cls(ShmSegment(name, SIZE, create=False))
 
+    def close(self) -> None:
+        """Unmap the page (its views first: an mmap cannot close under them).  A peer keeps its own mapping of
+        it, so what this rank wrote last (the destroyed mark) stays readable there."""
+        self.words = self.desc = None
+        self.seg.close()
+
     # --- abort flag ---
     def abort(self, message: str) -> None:
         raw = message.encode()[:MSG_BYTES - 1]

@@ -1,10 +1,12 @@
-"""POSIX shared-memory segments (NCCL ``src/misc/shmutils.cc``: ``ncclShmOpen`` / ``ncclShmUnlink``).
+"""POSIX shared-memory segments (NCCL ``src/misc/shmutils.cc``: ``ncclShmOpen`` / ``ncclShmClose`` /
+``ncclShmUnlink``).
 
 A segment is a file under ``/dev/shm`` (what ``shm_open`` uses on Linux), sized with ``ftruncate`` and mapped with
 ``mmap``.  Names start with ``nccllab-<commtag>-`` so that a launcher can sweep whatever a crash left behind.
 Like NCCL, the creator unlinks the name as soon as every peer has mapped it: the mapping lives on, and nothing is
-left in ``/dev/shm`` even if a process is later killed.  Like NCCL's ``ncclOsShmOpen`` the creator reserves every
-page with ``fallocate``, so that a full ``/dev/shm`` is an error at creation and not a SIGBUS at the first store.
+left in ``/dev/shm`` even if a process is later killed; ``close`` unmaps it when its communicator is destroyed.
+Like NCCL's ``ncclOsShmOpen`` the creator reserves every page with ``fallocate``, so that a full ``/dev/shm`` is an
+error at creation and not a SIGBUS at the first store.
 """
 from __future__ import annotations
 
@@ -58,6 +60,21 @@ class ShmSegment:
         if self.owner:
             unlink_name(self.name)
             self.owner = False
+
+    def close(self) -> bool:
+        """Unmap now (``ncclShmClose``'s munmap), rather than whenever a garbage collector finds the segment: the
+        mapping and the descriptor ``mmap`` keeps go back at once.  An mmap cannot close while a numpy view of it
+        exists, so the owners of views drop them first; if one is still held somewhere (an exception's frames),
+        the mapping stays until that view dies, and this returns False."""
+        self.unlink()
+        self.array = None  # the view every other view derives from
+        if self.mm is None or self.mm.closed:
+            return True
+        try:
+            self.mm.close()
+        except BufferError:
+            return False
+        return True
 
 
 def unlink_name(name: str) -> None:

@@ -62,6 +62,13 @@ class Kernel:
         self.check_peer_op = check_peer_op
         self.poll: Callable[[], bool] | None = None  # moves proxied (NET) bytes from this thread while blocked
 
+    def free(self) -> None:
+        """The communicator is destroyed: drop what the kernel still points at (the words of its last waits,
+        views of shared memory that would keep their mapping open; the communicator's callbacks)."""
+        self.wait_state.clear()
+        self.poll = self.tracer = None
+        self._health = self.check_peer_op = lambda *args: None
+
     def reset(self, op_count: int, func: str) -> None:
         """One kernel object serves a communicator's calls: this one is ``func`` at ``op_count``."""
         self.op_count, self.func, self.progress = op_count, func, 0

@@ -22,8 +22,7 @@ returns what each channel waits for, so that the kernel's wait policy (yield, fu
 hang report) stays the one in ``common.Kernel``.  With more ranks than cores it first waits itself, the way
 ``Kernel.run`` would (``sched_yield``, then the futex sleep on the same words and marks), and returns only every
 ``SLEEPS_EACH`` sleeps: a round trip through Python per try cost more than the hop it waited for.
-One place the two paths may part: user buffers that partly overlap at an offset (undefined in NCCL too), which the
-element loop here and numpy's buffered ufuncs there resolve differently; exact in-place calls agree.
+User buffers that partly overlap never get here (``api.check_overlap`` refuses them); exact in-place calls agree.
 Deliberate difference: NCCL has only the compiled kernel; this one exists because the Python primitives cost tens
 of microseconds per call, which hides what LL is for (small-message latency).
 """
@@ -206,6 +205,14 @@ class Cache:
             got = self.plans[key] = Compiled(plan, run, self.channels, self.nranks, root, in_place, np.dtype(dtype),
                                              self.pages, self.my_page)
         return got
+
+    def free(self) -> None:
+        """The communicator is destroyed: forget every compiled plan and the views of FIFOs, counters and status
+        pages they keep (``keep``), so that their shared memory can be unmapped at once."""
+        for compiled in self.plans.values():
+            if compiled is not None:
+                compiled.keep, compiled.channels = [], []
+        self.plans, self.channels, self.pages, self.my_page = {}, [], {}, None
 
 
 # More ranks than cores: a blocked call yields this many times, then sleeps on what it waits for (each sleep at
