@@ -1,10 +1,11 @@
 """Our ring AllReduce and MPI's ``Allreduce`` (mpi4py), side by side in one run, reported like nccl-tests.
 
-    mpirun -n 2 python benchmarks/allreduce_vs_mpi.py [-b 8] [-e 256M] [-f 4]
+    mpirun -n 2 python benchmarks/allreduce_vs_mpi.py [-b 8] [-e 256M] [-f 2] [-i 1M] [-n 0] [-w 2] [--json FILE]
 
 Both use the same float32 buffers, out-of-place.  Per size, ``--rounds`` rounds alternate the two; a round's time is
 the mean over ranks of the average per call, and each side reports its median round.  busbw = algbw * 2(n-1)/n
-as nccl-tests.
+as nccl-tests.  The size flags are nccl-tests' (and ``collectives.ring``'s, so ``./lab main`` hands its own on);
+``--json`` writes both lines as series files, the ones ``./lab main`` plots in ``curve.png``.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.perf import parse_size, timed_rounds
+from collectives.perf import parse_size, sizes, timed_rounds
 
 
 
@@ -37,13 +38,17 @@ def goals(n: int, lab: list, mpi: list) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("-b", type=parse_size, default=8)
-    p.add_argument("-e", type=parse_size, default=parse_size("256M"))
-    p.add_argument("-f", type=int, default=2)
+    p.add_argument("-b", "--minbytes", type=parse_size, default=8)
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"))
+    p.add_argument("-f", "--stepfactor", type=int, default=2)
+    p.add_argument("-i", "--stepbytes", type=parse_size, default=parse_size("1M"), help="size step when -f is 1")
+    p.add_argument("-n", "--iters", type=int, default=0,
+                   help="timed calls per round (default: 200, fewer above 320 KiB)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=2, help="untimed calls of each side first")
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size; medians are reported")
     p.add_argument("--json", help="write both curves as series files for `python -m visualize curves`")
     a = p.parse_args()
-    lab_pts, mpi_pts = [], []
+    lab_pts, mpi_pts, algos = [], [], set()
     world = MPI.COMM_WORLD
     n = world.size
     with collectives.Communicator() as comm:
@@ -52,29 +57,30 @@ def main() -> None:
                   f"and protocol) vs MPI ({MPI.Get_library_version().splitlines()[0].strip()})")
             print(f"# {'size':>10} {'algo/proto':>12} {'lab us':>10} {'lab busbw':>10} {'mpi us':>10} {'mpi busbw':>10} "
                   f"{'lab/mpi':>8}")
-        size = a.b
-        while size <= a.e:
+        for size in sizes(a):
             x = np.random.default_rng(comm.rank).uniform(-1, 1, size // 4).astype(np.float32)
             out, mout = np.empty_like(x), np.empty_like(x)
-            iters = int(max(3, min(200, (64 << 20) // max(size, 1))))
+            iters = a.iters or int(max(3, min(200, (64 << 20) // max(size, 1))))
             t = timed_rounds({"lab": lambda: comm.all_reduce(x, out=out), "mpi": lambda: world.Allreduce(x, mout)},
-                             iters, world, a.rounds, warmup=2)
+                             iters, world, a.rounds, warmup=a.warmup_iters)
             t_lab, t_mpi = t["lab"], t["mpi"]
             if comm.rank == 0:
                 factor = 2 * (n - 1) / n
                 bl, bm = size / t_lab / 1e9 * factor, size / t_mpi / 1e9 * factor
                 plan = comm.plan("AllReduce", x.size, x.dtype)
+                algos.add(plan.algo)
                 print(f"  {size:>10} {plan.algo + '/' + plan.proto:>12} {t_lab * 1e6:>10.1f} {bl:>10.2f} "
                       f"{t_mpi * 1e6:>10.1f} {bm:>10.2f} {bl / bm if bm else 0:>8.2f}", flush=True)
                 lab_pts.append({"size": size, "algbw": size / t_lab / 1e9, "busbw": bl, "time_us": t_lab * 1e6})
                 mpi_pts.append({"size": size, "algbw": size / t_mpi / 1e9, "busbw": bm, "time_us": t_mpi * 1e6})
-            size *= a.f
         if comm.rank == 0:
             goals(n, lab_pts, mpi_pts)
         if a.json and comm.rank == 0:
             import json
+            # the runner's label for its records ("nccl-lab AllReduce Ring n=8"), marked as measured beside MPI
+            label = f"nccl-lab AllReduce {'/'.join(sorted(algos, reverse=True))} n={n}, beside MPI"
             with open(a.json, "w") as f:
-                json.dump([{"label": f"nccl-lab ring n={n}", "points": lab_pts},
+                json.dump([{"label": label, "points": lab_pts},
                            {"label": f"MPI Allreduce n={n} ({MPI.Get_library_version().split()[0]})",
                             "points": mpi_pts}], f, indent=1)
 

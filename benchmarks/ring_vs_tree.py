@@ -75,7 +75,7 @@ def main() -> int:
     tree = collectives.Communicator(uid, world.size, world.rank, algorithms="Tree", protocols=a.proto)
     n = ring.nranks
     rng = np.random.default_rng([7, ring.rank])
-    xs = ring.bootstrap.allgather_obj(rng.uniform(-1, 1, a.e // 4).astype(np.float32))
+    xs = ring.bootstrap.allgather_array(rng.uniform(-1, 1, a.e // 4).astype(np.float32))
     from collectives.graph.cost_model import CostModel
     model = CostModel(ring.machine, a.proto or "", "")
     if ring.rank == 0:

@@ -17,6 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
+from misc.param import check_env
+
 from .colls import BY_CLI
 from .comm import Communicator
 from .device.reduce_copy import DTYPES, parse_dtype, parse_op
@@ -25,6 +27,7 @@ from .gpu_rank import check_gpu_args, gpu_protocols
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 from .launch import emulated_node, job_size, launched, memory_available, spawn
+from .peers import buffer_sizes
 
 NCCL_TESTS_TYPE = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
                    "uint64": "uint64", "float16": "half", "float32": "float", "float64": "double",
@@ -178,10 +181,9 @@ class Runner:
         out = np.zeros(max(nsend, nrecv), self.dtype)
         if not in_place:
             return np.zeros(nsend, self.dtype), out[:nrecv]
-        if self.func == "AllGather":
-            r = self.comm.rank
-            return out[r * param:(r + 1) * param], out[:nrecv]
-        return out[:nsend], out[:nrecv]
+        # nccl-tests' layout: AllGather sends from this rank's block of the result, ReduceScatter receives into
+        # this rank's block of its input (at offset 0 on every rank, it overlapped without being in place)
+        return self.coll.in_place(out, self.comm.rank, param)
 
     def time_one(self, size: int, in_place: bool) -> float:
         send, out = self._buffers(size, in_place)
@@ -197,7 +199,7 @@ class Runner:
         for _ in range(self.args.iters):
             call()
         dt = (time.perf_counter() - t0) / max(1, self.args.iters)
-        return float(np.mean(self.comm.bootstrap.allgather_obj(dt)))
+        return float(np.mean(self.comm.bootstrap.allgather_struct("<d", dt)))
 
     def check_one(self, size: int, in_place: bool, seed: int) -> int:
         """Run once on fresh inputs with a poisoned output; count elements that differ from the reference."""
@@ -223,7 +225,7 @@ class Runner:
         if comm.rank == 0:
             self._header(out)
         total_wrong, busbws = 0, []
-        seed = int(comm.bootstrap.allgather_obj(int.from_bytes(os.urandom(4), "little"))[0])
+        seed = comm.bootstrap.allgather_struct("<I", int.from_bytes(os.urandom(4), "little"))[0][0]  # rank 0's
         for size in sizes(args):
             param, nsend, nrecv = self.counts(size)
             nbytes = max(nsend, nrecv) * self.dtype.itemsize
@@ -235,7 +237,8 @@ class Runner:
                     continue
                 wrong = None
                 if args.check:
-                    wrong = sum(comm.bootstrap.allgather_obj(self.check_one(size, in_place, seed + size)))
+                    wrong = sum(w for (w,) in comm.bootstrap.allgather_struct("<q", self.check_one(size, in_place,
+                                                                                                 seed + size)))
                     total_wrong += wrong
                 algbw = (param * self.dtype.itemsize * (n if self.coll.per_rank else 1)
                          / 1e9 / t) if t > 0 else 0.0
@@ -331,6 +334,13 @@ def check_args(args, nranks: int) -> str | None:
     """What can be checked before any rank starts: one line saying what is wrong and what would be valid."""
     if nranks < 1:
         return f"-g {nranks}: the number of ranks must be at least 1"
+    problem = check_env()  # NCCLLAB_TIMEOUT=0 and the like: one line here, not a traceback from every rank
+    if problem:
+        return problem
+    try:
+        buffer_sizes()  # NCCL_BUFFSIZE=1 and the like, as every rank's communicator would read them
+    except ValueError as exc:
+        return str(exc)
     if not 1 <= args.nodes <= nranks:
         return f"--nodes {args.nodes}: must be between 1 and the number of ranks ({nranks})"
     problem = check_gpu_args(args.device, args.threads, args.nodes, job_size() is not None)
@@ -356,7 +366,7 @@ def check_args(args, nranks: int) -> str | None:
                           os.environ.get("NCCL_ALGO", ""))
         if nranks > 1:  # a setting that leaves this collective nothing to run fails here, not on every rank
             model.choose(BY_CLI[args.coll].name, max(1, args.maxbytes))
-    except (ValueError, DeviceError) as exc:  # DeviceError: an NCCL_PROTO the GPU kernels cannot run
+    except (ValueError, DeviceError) as exc:  # DeviceError: a device this machine lacks
         return str(exc)
     if args.coll in ("broadcast", "reduce") and not 0 <= args.root < nranks:
         return f"-r {args.root}: the root must be a rank, 0 to {nranks - 1}"

@@ -11,6 +11,7 @@ Deliberate difference: out-of-place only; the in-place columns read N/A (``Threa
 from __future__ import annotations
 
 import os
+import struct
 
 import numpy as np
 
@@ -29,11 +30,21 @@ def reference_config(tc, proto: str, algo: str) -> dict:
 
 
 class _Bootstrap:
-    """One process holds every rank: an allgather is the value itself."""
+    """One process holds every rank: an allgather is this process's value alone (``Bootstrap``'s typed calls)."""
 
     @staticmethod
-    def allgather_obj(value):
-        return [value]
+    def allgather_struct(fmt: str, *values) -> list[tuple]:
+        return [struct.unpack(fmt, struct.pack(fmt, *values))]
+
+    @staticmethod
+    def allgather_array(arr: np.ndarray) -> list[np.ndarray]:
+        return [np.array(arr)]
+
+    @staticmethod
+    def allgather(mine: bytes, max_size: int) -> list[bytes]:
+        if len(mine) > max_size:
+            raise ValueError(f"allgather of {len(mine)} bytes, more than its max_size {max_size}")
+        return [bytes(mine)]
 
 
 class ThreadsComm:

@@ -11,19 +11,39 @@ N=${NRANKS:-8}
 rm -rf "$OUT" && mkdir -p "$OUT"
 FIXTURES=../shared/fixtures
 # The runner flags given to ./lab main reach every run: the tree runs drop --coll (the tree is AllReduce only),
-# the traced runs also drop the size and iteration flags (they trace one 1 MiB collective).
+# the traced runs also drop the size and iteration flags (they trace one 1 MiB collective); the side-by-side MPI
+# run takes the sizes and iteration counts (it is AllReduce float32 sum), the cost model's series the sizes.
+short() {  # the runner's long flag names as nccl-tests' short ones
+  local name=$1  # (printf, not echo: echo would take -e and -n as its own options)
+  case "$1" in
+    --minbytes) name=-b ;; --maxbytes) name=-e ;; --stepfactor) name=-f ;; --stepbytes) name=-i ;;
+    --iters) name=-n ;; --warmup_iters) name=-w ;; --check) name=-c ;;
+  esac
+  printf '%s\n' "$name"
+}
 without() {  # without "FLAG..." ARGS...: ARGS less each FLAG and its value
   local drop=" $1 " skip=0 arg
   shift
   for arg in "$@"; do
     if [ "$skip" = 1 ]; then skip=0; continue; fi
-    case "$drop" in *" $arg "*) skip=1; continue ;; esac
+    case "$drop" in *" $(short "$arg") "*) skip=1; continue ;; esac
     printf '%s\n' "$arg"
+  done
+}
+only() {  # only "FLAG..." ARGS...: each FLAG of ARGS with its value (short names)
+  local keep=" $1 " take=0 arg
+  shift
+  for arg in "$@"; do
+    if [ "$take" = 1 ]; then take=0; printf '%s\n' "$arg"; continue; fi
+    arg=$(short "$arg")
+    case "$keep" in *" $arg "*) take=1; printf '%s\n' "$arg" ;; esac
   done
 }
 mapfile -t TREE_ARGS < <(without "--coll" "$@")
 mapfile -t TRACE_ARGS < <(without "-b -e -f -i -n -w -c --json" "$@")
 mapfile -t TRACE_TREE_ARGS < <(without "--coll -b -e -f -i -n -w -c --json" "$@")
+mapfile -t MPI_ARGS < <(only "-b -e -f -i -n -w" "$@")
+mapfile -t SIZE_ARGS < <(only "-b -e -f -i" "$@")
 
 echo "== mpirun -n $N python -m collectives.ring $*"
 mpirun -n "$N" python -m collectives.ring -b 8 -e 64M -f 2 -w 2 -n 10 --json "$OUT/ring.json" "$@" | tee "$OUT/ring.txt"
@@ -56,13 +76,16 @@ python -m visualize log "$REAL_LOG" -o "$OUT/d-from-log" --max-channels 2
 python -m tracing explain "$REAL_LOG" -o "$OUT/explain-2x8-h100" | tail -3
 python -m tracing explain "$OUT/nccl-debug.log" -o "$OUT/explain-this-run" | tail -3
 
-echo "== curves: ours, MPI (same machine, same run), NCCL's cost model for this CPU"
-mpirun -n "$N" python benchmarks/allreduce_vs_mpi.py -b 8 -e 64M -f 4 --json "$OUT/mpi.json" | tee "$OUT/mpi.txt"
-python -m collectives.tune --preset cpu --gpus "$N" -b 8 -e 64M -f 2 --series "$OUT/model-cpu.json" >/dev/null
-INPUTS=("$OUT/ring.json" "$OUT/tree.json" "$OUT/mpi.json" "$OUT/model-cpu.json")
-# mpi.json also holds our ring as measured beside MPI: ring.json is that measurement already, so skip the copy.
-python -m visualize curves "${INPUTS[@]}" -o "$OUT/curve.png" --skip "nccl-lab ring n=" \
-  --title "AllReduce, $N ranks on this machine"
+echo "== curves: ours and MPI's (side by side in the same processes), the tree, NCCL's cost model for this CPU"
+mpirun -n "$N" python benchmarks/allreduce_vs_mpi.py -b 8 -e 64M -f 4 ${MPI_ARGS[@]+"${MPI_ARGS[@]}"} \
+  --json "$OUT/mpi.json" | tee "$OUT/mpi.txt"
+python -m collectives.tune --preset cpu --gpus "$N" -b 8 -e 64M -f 2 ${SIZE_ARGS[@]+"${SIZE_ARGS[@]}"} \
+  --series "$OUT/model-cpu.json" >/dev/null
+# Our ring's line is the one measured beside MPI's (mpi.json holds both): ring.json's runner sweep shares the
+# machine with nothing to compare against, and one burst of this VM moves it by 5x (650-2,556 us at 8 B in one
+# job whose side-by-side run read 86.5 us against MPI's 48.9).
+INPUTS=("$OUT/mpi.json" "$OUT/tree.json" "$OUT/model-cpu.json")
+python -m visualize curves "${INPUTS[@]}" -o "$OUT/curve.png" --title "AllReduce, $N ranks on this machine"
 REAL_TESTS="$FIXTURES/nccl_tests/a3mega_2x8_h100_allreduce.txt"
 if [ -f "$REAL_TESTS" ]; then
   python -m collectives.tune --preset dgx-h100 --nodes 2 -b 8 -e 8G -f 2 --series "$OUT/model-h100x2.json" >/dev/null

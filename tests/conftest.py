@@ -14,25 +14,62 @@ def leftover_segments() -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith("nccllab-")]
 
 
+def holders(names) -> set[int]:
+    """The processes (other than this one) that map a segment of the communicators these names belong to: a
+    segment is ``nccllab-<tag>-...``, and a rank maps every segment of its communicator's tag, deleted or not."""
+    marks = tuple({f"/dev/shm/nccllab-{n.split('-')[1]}-" for n in names if n.count("-") >= 2})
+    found = set()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/maps") as f:
+                if any(m in line for line in f for m in marks):
+                    found.add(int(entry.name))
+        except OSError:  # gone meanwhile, or not ours to read
+            pass
+    return found
+
+
+def wait_for_release(leaked: set, deadline_s: float = 60.0, unmapped_grace_s: float = 3.0) -> set:
+    """What is left of ``leaked`` once the ranks that map those segments have exited.  A rank unlinks its
+    segments on its way out, and on a loaded machine that can take many seconds after its launcher returned
+    (a fixed grace of 3 s once failed ``./lab test`` with /dev/shm empty a moment later): so wait, up to
+    ``deadline_s``, while any process still maps one.  A segment nobody maps gets ``unmapped_grace_s`` (it may be
+    between its creation and its mapping, in another job); after that it is a leak."""
+    deadline = time.monotonic() + deadline_s
+    unmapped_since = None
+    while leaked:
+        leaked = leaked & set(leftover_segments())
+        now = time.monotonic()
+        if not leaked or now > deadline:
+            break
+        if holders(leaked):
+            unmapped_since = None
+        elif unmapped_since is None:
+            unmapped_since = now
+        elif now - unmapped_since > unmapped_grace_s:
+            break
+        time.sleep(0.1)
+    return leaked
+
+
 @pytest.fixture(autouse=True)
 def no_shm_leak():
     before = set(leftover_segments())
     yield
-    leaked = set(leftover_segments()) - before
-    deadline = time.monotonic() + 3.0  # another job's segments live for milliseconds; a leak stays
-    while leaked and time.monotonic() < deadline:
-        time.sleep(0.1)
-        leaked &= set(leftover_segments())
-    assert not leaked, f"segments left in /dev/shm: {sorted(leaked)}"
+    leaked = wait_for_release(set(leftover_segments()) - before)
+    assert not leaked, (f"segments left in /dev/shm: {sorted(leaked)}"
+                        + (f" (still mapped by pids {sorted(holders(leaked))})" if holders(leaked) else ""))
 
 
 def run_ranks(nranks: int, worker: str, *args: str, env: dict | None = None, timeout: float = 240,
-              check: bool = True, nodes: int = 1) -> subprocess.CompletedProcess:
-    """Run tests/workers.py WORKER as ``nranks`` real ranks through collectives.launch.spawn (``nodes`` > 1:
-    per-rank NCCL_HOSTID, so the nodes talk over the NET transport)."""
+              check: bool = True, nodes: int = 1, script: str = "workers.py") -> subprocess.CompletedProcess:
+    """Run tests/SCRIPT WORKER (default tests/workers.py) as ``nranks`` real ranks through
+    collectives.launch.spawn (``nodes`` > 1: per-rank NCCL_HOSTID, so the nodes talk over the NET transport)."""
     full_env = {**os.environ, "NCCLLAB_TIMEOUT": "30", "NCCL_SOCKET_IFNAME": "lo", **(env or {})}
     code = ("import sys; from collectives.launch import spawn; "
-            f"sys.exit(spawn({nranks}, [{str(ROOT / 'tests' / 'workers.py')!r}, *sys.argv[1:]], nodes={nodes}))")
+            f"sys.exit(spawn({nranks}, [{str(ROOT / 'tests' / script)!r}, *sys.argv[1:]], nodes={nodes}))")
     proc = subprocess.run([sys.executable, "-c", code, worker, *args], env=full_env, capture_output=True,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:

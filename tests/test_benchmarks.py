@@ -1,0 +1,130 @@
+"""Every script under ``benchmarks/`` runs, in a tiny mode, and prints its table: a benchmark nobody runs rots
+(``net_ib_vs_socket.py`` crashed on every rank for a whole release after the transports moved).
+
+Each runs as a user would start it (under ``mpirun`` where its docstring says so, else through its own launcher),
+with 2 ranks, one or two sizes and a few iterations; it must exit 0 and print at least one row of figures.  The
+figures themselves are not checked: this machine is too noisy for that, and ``./lab bench`` is where they are
+read.  The whole file takes about 45 s on the 2-core lab machine shared with other jobs (load average 5-7), more
+when it is busier (73 s at load 12): each script's start (interpreter, numba, ranks) is most of it.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+BENCH = ROOT / "benchmarks"
+BIN = os.path.dirname(sys.executable)
+MPIRUN = shutil.which("mpirun", path=BIN + os.pathsep + os.environ.get("PATH", ""))
+ROW = r"^\s+8\s+"  # a table row of the 8-byte size, as every table here starts its rows
+
+# script -> (command after the script's path, what its output must hold).  {out}: a scratch folder.
+TINY = {
+    "allreduce_vs_mpi.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "--rounds", "1",
+                                                    "--json", "{out}/mpi.json"],
+                            ROW + r"Ring/\w+\s+[\d.]+\s+[\d.]+\s+[\d.]+"),
+    "latency.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "8", "--rounds", "1", "-n", "2"],
+                   ROW + r"(?:[\d.]+\s+){4}[\d.]+"),
+    "net_ib_vs_socket.py": ([], ["-g", "2", "-b", "8", "-e", "8", "-n", "2", "-o", "{out}"],
+                            ROW + r"(?:[\d.]+\s+){6}[\d.]+\s*$(?s:.*)8 B AllReduce latency: IB \d+ us"),
+    "net_vs_shm.py": ([], ["-g", "2", "-b", "8", "-e", "8", "--rounds", "1"], ROW + r"(?:[\d.]+\s+){6}[\d.]+"),
+    "ring_vs_tree.py": ([], ["-g", "2", "--nodes", "2", "-b", "8", "-e", "8"], ROW + r"(?:[\d.]+\s+){7}\w+/\w+"),
+    "soak.py": ([], ["-g", "2", "--count", "4", "--per-comm", "2", "--max-bytes", "4K", "--seed", "1"],
+                r"soak: 4 collectives on 2 ranks, 2 communicators, seed 1, \d+ s: 0 wrong, 0 hangs"),
+    "trace_overhead.sh": ([], ["1", "-e", "8", "-n", "2", "-w", "1"],
+                          r"size\s+base us\s+now us\s+overhead\n" + ROW + r"[\d.]+\s+[\d.]+\s+-?[\d.]+%"),
+}
+
+
+def test_every_benchmark_has_a_tiny_run():
+    scripts = sorted(p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh"))
+    assert scripts == sorted(TINY), "give each new benchmark a tiny run in TINY"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("script", sorted(TINY))
+def test_benchmark_runs_tiny_and_prints_its_table(script, tmp_path):
+    launcher, args, table = TINY[script]
+    if launcher[:1] == ["mpirun"]:
+        if MPIRUN is None:
+            pytest.skip("mpirun not found (pip install mpich)")
+        launcher = [MPIRUN, *launcher[1:]]
+    if script.endswith(".sh"):
+        if not (ROOT / ".git").exists() or shutil.which("git") is None:
+            pytest.skip("trace_overhead.sh compares against an older commit: needs the git history")
+        cmd = [*launcher, "bash", str(BENCH / script)]
+    else:
+        cmd = [*launcher, sys.executable, str(BENCH / script)]
+    cmd += [a.format(out=tmp_path) for a in args]
+    env = {**os.environ, "PATH": BIN + os.pathsep + os.environ.get("PATH", ""), "NCCL_SOCKET_IFNAME": "lo",
+           "NCCLLAB_TIMEOUT": "60"}
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, f"{' '.join(cmd)}: rc {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert re.search(table, proc.stdout, re.M), f"{script} printed no table:\n{proc.stdout[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    if script == "allreduce_vs_mpi.py":
+        side_by_side_json_holds_both_lines(tmp_path / "mpi.json")
+
+
+def side_by_side_json_holds_both_lines(path):
+    """``curve.png`` plots our line from ``allreduce_vs_mpi.py --json``: both series, the same sizes, one run."""
+    from visualize import curves
+    lab, mpi = curves.load_series(str(path))
+    assert lab["label"].startswith("nccl-lab AllReduce Ring") and lab["label"].endswith("n=2, beside MPI"), lab
+    assert mpi["label"].startswith("MPI Allreduce n=2"), mpi
+    assert lab["size"] == mpi["size"] == [8, 64]
+    assert all(v > 0 for v in lab["busbw"] + mpi["busbw"] + lab["algbw"] + mpi["algbw"])
+
+
+STUB = r"""#!/usr/bin/env bash
+# Stands in for python and mpirun: logs the command, writes the files the job reads back, runs nothing.
+printf '%s\n' "$(basename "$0") $*" >> "$STUB_LOG"
+prev=
+for arg in "$@"; do
+  case "$prev" in --json|--series) printf '[]\n' > "$arg" ;; esac
+  prev=$arg
+done
+if [ -n "${NCCL_DEBUG_FILE:-}" ]; then : > "${NCCL_DEBUG_FILE//%p/$$}"; fi
+"""
+
+
+def last(cmd: list[str], flag: str) -> str | None:
+    """The value argparse would take for ``flag``: its last occurrence's."""
+    values = [cmd[i + 1] for i, a in enumerate(cmd[:-1]) if a == flag]
+    return values[-1] if values else None
+
+
+def test_main_job_hands_the_runner_flags_to_every_run_and_plots_the_side_by_side_line(tmp_path):
+    """``./lab main -b 8 -e 1M``: the sizes reach the MPI run and the cost model's series, not only the ring, and
+    ``curve.png`` plots our line from the side-by-side run (mpi.json), the tree and the model, not ring.json.
+    python and mpirun are stubs that log what the job runs (the job itself takes minutes)."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    for name in ("python", "mpirun"):
+        (stubs / name).write_text(STUB)
+        (stubs / name).chmod(0o755)
+    log, out = tmp_path / "commands.log", tmp_path / "out"
+    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}", "STUB_LOG": str(log),
+           "NCCLLAB_OUT": str(out), "NRANKS": "4"}
+    subprocess.run(["bash", str(ROOT / "scripts" / "main_job.sh"), "-b", "8", "--maxbytes", "1M", "-n", "3",
+                    "--coll", "allgather"], cwd=ROOT, env=env, check=True, capture_output=True, timeout=60)
+    cmds = [line.split() for line in log.read_text().splitlines()]
+
+    def one(*words):
+        found = [c for c in cmds if all(w in c for w in words)]
+        assert len(found) == 1, (words, cmds)
+        return found[0]
+    ring = one("mpirun", "collectives.ring", "--json")
+    assert (last(ring, "-b"), last(ring, "--maxbytes"), last(ring, "--coll")) == ("8", "1M", "allgather")
+    mpi = one("mpirun", "benchmarks/allreduce_vs_mpi.py")
+    assert (last(mpi, "-b"), last(mpi, "-e"), last(mpi, "-n"), last(mpi, "--coll")) == ("8", "1M", "3", None), mpi
+    tune = one("collectives.tune", "--preset", "cpu")
+    assert (last(tune, "-b"), last(tune, "-e"), last(tune, "-n")) == ("8", "1M", None), tune
+    curve = one("visualize", "curves", f"{out}/curve.png")
+    inputs = curve[curve.index("curves") + 1:curve.index("-o")]
+    assert inputs == [f"{out}/mpi.json", f"{out}/tree.json", f"{out}/model-cpu.json"], curve
+    assert "--skip" not in curve
