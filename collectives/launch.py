@@ -1,16 +1,24 @@
 """Starting ranks: read mpirun/torchrun/launcher environments, or spawn local ranks ourselves.
 
+How each rank gets its unique id mirrors NCCL's ``ncclGetUniqueId`` (``src/init.cc`` → ``bootstrapGetUniqueId``,
+``src/bootstrap.cc``) and its ``NCCL_COMM_ID`` handling: a user's ``NCCL_COMM_ID=host:port`` is never replaced,
+and means what it means in NCCL (every rank's id names that address; rank 0 hosts the root there).  Otherwise:
+
 * Under ``mpirun`` (MPICH's ``PMI_RANK``/``PMI_SIZE``, Open MPI's ``OMPI_COMM_WORLD_*``): rank 0 calls
   ``get_unique_id`` and MPI broadcasts it; MPI carries nothing else (this is how nccl-tests uses MPI).
-* From ``spawn`` (no mpirun): ``NCCLLAB_RANK``/``NCCLLAB_NRANKS`` and ``NCCL_COMM_ID=127.0.0.1:port``; rank 0
-  hosts the bootstrap root at that address (NCCL's ``NCCL_COMM_ID`` behaviour).
-* torchrun style: ``RANK``/``WORLD_SIZE`` with ``MASTER_ADDR``/``MASTER_PORT`` as the root address.
+* From ``spawn`` (no mpirun): ``NCCLLAB_RANK``/``NCCLLAB_NRANKS``, and the root address the launcher chose in a
+  variable of ours, ``NCCLLAB_COMM_ID`` (with ``NCCLLAB_COMM_MAGIC``); rank 0 hosts the root there.
+* Under torchrun (``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``): ``MASTER_PORT`` is torchrun's own
+  store, which already listens there, so nothing of ours binds it.  As ``torch.distributed``'s ``env://`` init
+  does (``torch/distributed/rendezvous.py``: ``_env_rendezvous_handler`` → ``_create_c10d_store``), every rank
+  opens a ``TCPStore`` on it (a client of the elastic agent's store when ``TORCHELASTIC_USE_AGENT_STORE=True``,
+  else rank 0 hosts it); rank 0 puts ``get_unique_id().to_bytes()`` under a key of ours, the others wait for it.
 ``spawn`` watches its children: when one fails it gives the others ``FAILURE_GRACE_S`` to report (their peers'
 abort flags and closed sockets reach them within milliseconds), then kills the rest, and finally removes any
-shared-memory segment of the run that a crash left in ``/dev/shm``.
+shared-memory segment of the run that a crash left in ``/dev/shm``.  On Ctrl-C it prints one line and returns 130.
 A rank's uncaught error is one line (``CollectiveError: rank 2: ...``) for the failures we diagnose, a traceback
-for anything else; under mpirun the rank then calls ``MPI_Abort``, as nccl-tests does on an NCCL error, so that
-every rank ends and MPI cleans up its own shared memory.
+for anything else, nothing for Ctrl-C; under mpirun the rank then calls ``MPI_Abort``, as nccl-tests does on an
+NCCL error, so that every rank ends and MPI cleans up its own shared memory.
 """
 from __future__ import annotations
 
@@ -20,8 +28,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import traceback
+from datetime import timedelta
 
 from transports.net_plugin import NetError
 from transports.p2p import P2PError
@@ -30,9 +40,13 @@ from misc.shm_segment import ShmError, sweep
 from .bootstrap import UniqueId, get_unique_id
 from .device.backend import DeviceError
 from .device.common import CollectiveError
+from misc import sockets
+from misc.param import env_str, timeout_s
 from misc.sockets import BootstrapError
 
 FAILURE_GRACE_S = 5.0
+LAUNCHER_COMM_ID = "NCCLLAB_COMM_ID"  # spawn's root address for its children; NCCL_COMM_ID stays the user's
+STORE_KEY = "nccllab/attempt_{attempt}/unique_id/{n}"  # our key in torchrun's store (one per communicator)
 # their message names rank, peer and state (or the device and what it lacks): one line
 REPORTED = (CollectiveError, BootstrapError, NetError, ShmError, DeviceError, P2PError)
 
@@ -88,6 +102,8 @@ def launched() -> bool:
 def _fatal_excepthook(exc_type, exc, tb) -> None:
     """A rank's uncaught error: one line (or a traceback for a bug) in one ``write``, so that the reports of several
     ranks never interleave; under mpirun, then ``MPI_Abort`` so that no rank waits for this one forever."""
+    if launched():  # this rank is ending: a later Ctrl-C must not interrupt the report or the shutdown after it
+        _ignore_sigint()  # (an interactive session goes on after its errors: its Ctrl-C stays as it was)
     secondary = getattr(exc, "secondary", False)
     if issubclass(exc_type, KeyboardInterrupt) or secondary:
         text = ""  # Ctrl-C: the launcher says it once; a peer's failure: that peer says it
@@ -123,8 +139,98 @@ def _unlink_mpi_segments() -> None:
             pass
 
 
+def _ignore_sigint() -> None:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _first_interrupt(signum, frame) -> None:
+    """SIGINT: the first one ends the rank (KeyboardInterrupt, which the fatal hook keeps silent); those that
+    follow are ignored.  A Ctrl-C reaches a rank more than once (the terminal signals the whole process group, our
+    launcher forwards it once more, users press twice), and Python handles a later one wherever the main thread
+    then is: in ``_fatal_excepthook`` (``Error in sys.excepthook`` and both tracebacks) or in the interpreter's
+    shutdown (``Exception ignored in ...``).  Over NET that is likely: the proxy and socket threads share the
+    interpreter lock with a 0.2 ms switch interval, which stretches those few lines into milliseconds."""
+    _ignore_sigint()
+    raise KeyboardInterrupt
+
+
 def install_fatal_hook() -> None:
     sys.excepthook = _fatal_excepthook
+    if threading.current_thread() is not threading.main_thread() or not launched():
+        return  # signal handlers belong to the main thread; a process that is no job's rank keeps Python's
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # never replace a handler of the user's
+        signal.signal(signal.SIGINT, _first_interrupt)
+    if "NCCLLAB_RANK" in os.environ:
+        # spawn starts its ranks with SIGINT blocked, so that a Ctrl-C during the imports (a traceback from deep
+        # inside numba) waits until here, where the handler above turns it into a silent exit
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _launcher_id() -> UniqueId:
+    """The id of a rank started by ``spawn``: the user's ``NCCL_COMM_ID`` (NCCL's meaning), else the launcher's
+    address in ``NCCLLAB_COMM_ID``; in both, rank 0's ``Bootstrap`` hosts the root there."""
+    if env_str("NCCL_COMM_ID"):
+        return get_unique_id()
+    addr, magic = env_str(LAUNCHER_COMM_ID), env_str("NCCLLAB_COMM_MAGIC")
+    if not addr or not magic:
+        raise BootstrapError(f"NCCLLAB_RANK is set but not {LAUNCHER_COMM_ID} and NCCLLAB_COMM_MAGIC (or "
+                             "NCCL_COMM_ID): start the ranks with python -m collectives.launch -g N")
+    host, port = sockets.parse_addr(addr)
+    return UniqueId(host, port, int(magic, 0))
+
+
+_store = None  # this process's client of torchrun's store, made once (torch keeps one default store per process)
+_store_ids = 0  # communicators that took their id from it: the key's counter, so none reads an earlier one's id
+
+
+def _torchrun_store(rank: int, nranks: int):
+    """``_create_c10d_store`` (``torch/distributed/rendezvous.py``), as ``env://`` calls it with MASTER_ADDR and
+    MASTER_PORT: under torchrun's agent (``TORCHELASTIC_USE_AGENT_STORE=True``) every rank is a client of the
+    agent's store, which already listens there; otherwise rank 0 hosts a multi-tenant TCPStore there itself."""
+    global _store
+    if _store is not None:
+        return _store
+    try:
+        from torch.distributed import TCPStore
+    except ImportError:
+        raise BootstrapError("RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set (torchrun's environment), and "
+                             "torchrun's store carries the unique id, but torch is not importable: pip install "
+                             "torch, or start the ranks with python -m collectives.launch -g N (or mpirun)") from None
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    timeout = timedelta(seconds=timeout_s())
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
+    try:
+        if agent:
+            _store = TCPStore(host, port, nranks, is_master=False, timeout=timeout)
+        else:
+            _store = TCPStore(host, port, nranks, is_master=rank == 0, timeout=timeout, multi_tenant=True)
+    except RuntimeError as exc:  # torch's DistNetworkError / DistStoreError; its first line says what
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        who = "torchrun's store" if agent else "the store that rank 0 hosts (torch's env:// rendezvous)"
+        raise BootstrapError(f"rank {rank}: {who} at {host}:{port} (MASTER_ADDR:MASTER_PORT): {first}") from None
+    return _store
+
+
+def _store_unique_id(rank: int, nranks: int) -> UniqueId:
+    """torch's ProcessGroupNCCL way: rank 0 makes the id (``get_unique_id``: a random magic, a root on a port of
+    its own) and sets it in the store; the others wait up to NCCLLAB_TIMEOUT for it.  The key carries torchrun's
+    restart count and this process's communicator count, as torch's prefix stores carry the group's name."""
+    global _store_ids
+    store = _torchrun_store(rank, nranks)
+    n, _store_ids = _store_ids, _store_ids + 1
+    key = STORE_KEY.format(attempt=os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), n=n)
+    if rank == 0:
+        uid = get_unique_id()
+        store.set(key, uid.to_bytes())
+        return uid
+    try:
+        raw = store.get(key)
+    except RuntimeError:
+        where = f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"
+        raise BootstrapError(f"rank {rank}: no unique id under {key} in the store at {where} after "
+                             f"{timeout_s():g} s (NCCLLAB_TIMEOUT): rank 0 never made communicator {n}") from None
+    return UniqueId.from_bytes(bytes(raw))
 
 
 def rank_env() -> tuple[UniqueId, int, int]:
@@ -132,7 +238,7 @@ def rank_env() -> tuple[UniqueId, int, int]:
     install_fatal_hook()
     if "NCCLLAB_RANK" in os.environ:
         rank, nranks = int(os.environ["NCCLLAB_RANK"]), int(os.environ["NCCLLAB_NRANKS"])
-        return get_unique_id(), nranks, rank
+        return _launcher_id(), nranks, rank
     if under_mpirun():
         from mpi4py import MPI
         world = MPI.COMM_WORLD
@@ -141,51 +247,99 @@ def rank_env() -> tuple[UniqueId, int, int]:
         _unlink_mpi_segments()  # every rank is past MPI_Init, which maps them: see below
         return UniqueId.from_bytes(uid), world.size, world.rank
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("NCCL_COMM_ID", f"{addr}:{os.environ.get('MASTER_PORT', '29500')}")
-        return get_unique_id(), int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+        rank, nranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if env_str("NCCL_COMM_ID"):
+            return get_unique_id(), nranks, rank  # NCCL's: each rank's id names that address, no store needed
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env_str(v)]
+        if missing:
+            raise BootstrapError(f"RANK and WORLD_SIZE are set but not {' and '.join(missing)}: run under "
+                                 "torchrun, which sets all four, or set NCCL_COMM_ID=host:port")
+        return _store_unique_id(rank, nranks), nranks, rank
     raise RuntimeError("no launcher environment: run under mpirun, or use collectives.launch.spawn")
 
 
-def _free_port() -> int:
+def _free_port(addr: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((addr, 0))
         return s.getsockname()[1]
 
 
+def _root_address() -> str:
+    """Where spawn's rank 0 will host the root: the interface the ranks themselves pick (``get_unique_id``'s
+    choice), since they no longer see an ``NCCL_COMM_ID`` on loopback's subnet; if none fits, loopback, and the
+    ranks report the interface problem themselves."""
+    try:
+        return sockets.find_interface()[1]
+    except BootstrapError:
+        return "127.0.0.1"
+
+
+def _stop(procs: list) -> None:
+    """Ctrl-C: SIGINT to each rank still running (a rank run by itself, or signalled alone, needs it), then
+    ``FAILURE_GRACE_S`` for all of them to end before the rest are killed."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    end = time.monotonic() + FAILURE_GRACE_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1) -> int:
-    """Run ``python argv...`` as ``nranks`` local ranks; return the first non-zero exit code (or 0).  With
-    ``nodes > 1`` the ranks are split into that many contiguous blocks, each with its own ``NCCL_HOSTID``, so one
-    machine plays several nodes (NET between them, SHM inside)."""
+    """Run ``python argv...`` as ``nranks`` local ranks; return the first non-zero exit code (or 0; 130 after
+    Ctrl-C).  With ``nodes > 1`` the ranks are split into that many contiguous blocks, each with its own
+    ``NCCL_HOSTID``, so one machine plays several nodes (NET between them, SHM inside).  The root's address goes
+    to the ranks in ``NCCLLAB_COMM_ID``: a user's ``NCCL_COMM_ID`` reaches them untouched, and wins."""
     magic = secrets.randbits(48) | 1
     base = dict(os.environ if env is None else env)
-    base.update(NCCL_COMM_ID=f"127.0.0.1:{_free_port()}", NCCLLAB_NRANKS=str(nranks),
-                NCCLLAB_COMM_MAGIC=hex(magic))
+    addr = _root_address()
+    base.update({LAUNCHER_COMM_ID: f"{addr}:{_free_port(addr)}", "NCCLLAB_NRANKS": str(nranks),
+                 "NCCLLAB_COMM_MAGIC": hex(magic)})
+    interrupted: list = []
+    try:  # Ctrl-C sets a flag that the loop reads: no KeyboardInterrupt can cut the launcher short halfway
+        previous = signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+        previous = signal.default_int_handler if previous is None else previous  # None: set outside Python
+    except ValueError:  # not the main thread: Ctrl-C stays the caller's
+        previous = None
     procs = []
-    for r in range(nranks):
-        extra = {"NCCL_HOSTID": node_hostid(r, nranks, nodes)} if nodes > 1 else {}
-        procs.append(subprocess.Popen([sys.executable, *argv], env={**base, "NCCLLAB_RANK": str(r), **extra}))
     rc, first_failure = 0, None
     grace = FAILURE_GRACE_S
     try:
-        while any(p.returncode is None for p in procs):
+        # The ranks start with SIGINT blocked (the mask survives exec); install_fatal_hook unblocks it.
+        old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for r in range(nranks):
+                extra = {"NCCL_HOSTID": node_hostid(r, nranks, nodes)} if nodes > 1 else {}
+                procs.append(subprocess.Popen([sys.executable, *argv], env={**base, "NCCLLAB_RANK": str(r), **extra}))
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+        while any(p.returncode is None for p in procs) and not interrupted:
             for p in procs:
-                if p.returncode is None and p.poll() is not None and p.returncode != 0 and first_failure is None:
-                    first_failure, rc = time.monotonic(), p.returncode
+                if p.returncode is None and p.poll() is not None and p.returncode != 0:
+                    if p.returncode == -signal.SIGINT:  # a rank interrupted alone: the job is interrupted
+                        interrupted.append(signal.SIGINT)
+                    elif first_failure is None:
+                        first_failure, rc = time.monotonic(), p.returncode
             if first_failure is not None and time.monotonic() - first_failure > grace:
                 for p in procs:
                     if p.poll() is None:
                         p.kill()
             time.sleep(0.005)
-    except KeyboardInterrupt:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGINT)
-        for p in procs:
-            p.wait()
-        print(f"interrupted: {nranks} ranks stopped", file=sys.stderr)
-        rc = rc or 130
+        if interrupted:
+            _stop(procs)
+            os.write(2, f"interrupted: {nranks} ranks stopped\n".encode())
+            return rc or 130
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+        for p in procs:  # an exception of the launcher's own: no rank outlives it
+            if p.poll() is None:
+                p.kill()
+                p.wait()
         sweep(f"{magic:012x}"[-12:])
     return rc or next((p.returncode for p in procs if p.returncode), 0)
 
