@@ -5,82 +5,92 @@ plus the lines it does not keep); the tree replay and the diagrams are added by 
 Lines read, beyond ``nccl_log``'s: ``NCCL version 2.26.2+cuda12.2`` (``init.cc`` ``showVersion``), ``N coll
 channels, N collnet channels, ...`` (``init.cc``, one per rank), and the TUNING decisions ``AllReduce: 65536 Bytes
 -> Algo RING proto SIMPLE channel{Lo..Hi}={0..15}`` (``enqueue.cc``; ours print ``time`` instead of the channel
-range).
+range).  The file is streamed once by ``nccl_log.parse_file`` (these lines are seen through its ``on_info``), so
+neither time nor memory grows beyond the file's length and the log's own facts.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
-from .nccl_log import LogError, NcclLog, parse
+from .nccl_log import NcclLog, parse, parse_file
+from .nccl_log import is_nccl_log as is_log
 
-_VERSION = re.compile(r"NCCL INFO NCCL version (\S+)")
-_COLL_CH = re.compile(r"NCCL INFO (\d+) coll channels, (\d+) collnet channels, (\d+) nvls channels")
-_CHOICE = re.compile(r"NCCL INFO (\w+):? (\d+) Bytes -> Algo (\S+) proto (\S+)")
-_PID = re.compile(r"^\s*([^\s:]+):(\d+):\d+ \[\d+\] NCCL INFO")
+_COLL_CH = re.compile(r"(\d+) coll channels, (\d+) collnet channels, (\d+) nvls channels")
+_CHOICE = re.compile(r"(\w+):? (\d+) Bytes -> Algo (\S+) proto (\S+)")
+_RANK = re.compile(r"comm 0x[0-9a-f]+ rank (\d+) nRanks")
+MAX_CHOICES = 4096          # TUNING lines kept (one per call and size; the report lists each size once)
 
 
 @dataclass
 class LogFacts:
     log: NcclLog
-    text: str = ""                                        # the log without the lines that could not be read
-    bad_lines: list = field(default_factory=list)         # (line number, why) of those lines
+    bad_lines: list = field(default_factory=list)         # (line number, why) of the entries left out
     versions: list = field(default_factory=list)
     coll_channels: dict = field(default_factory=dict)     # rank -> coll channels (init.cc's per-rank line)
     choices: list = field(default_factory=list)           # (func, bytes, algo, proto)
     tuning_table: bool = False
     ranks_seen: set = field(default_factory=set)
     info_lines: int = 0                                   # lines with NCCL's "NCCL INFO" marker
+    choice_count: int = 0                                 # TUNING choice lines (choices keeps the first MAX_CHOICES)
+    bad_count: int = 0                                    # entries left out (bad_lines lists the first ones)
 
 
 def is_nccl_log(facts: LogFacts) -> bool:
-    """At least one ``NCCL INFO`` line, and one of the lines this module reads."""
+    """NCCL's line grammar (``nccl_log.is_nccl_log``), and one of the lines this module reads."""
     log = facts.log
-    return facts.info_lines > 0 and bool(log.local_ranks or log.rings or log.trees or log.transports)
+    return is_log(log) and bool(log.local_ranks or log.rings or log.trees or log.transports)
 
 
-def _lenient_parse(text: str) -> tuple[NcclLog, str, list]:
-    """``nccl_log.parse``, leaving out each line it cannot read (a log cut mid-line): the log, the text kept, and
-    (line number, why) per line left out."""
-    lines, bad = text.splitlines(), []
-    while True:
-        kept = "\n".join(line for i, line in enumerate(lines, 1) if i not in {n for n, _ in bad})
-        try:
-            return parse(kept), kept, bad
-        except LogError as exc:
-            m = re.match(r"line (\d+): (.*?):", str(exc))
-            if not m or len(bad) >= 100:
-                raise
-            kept_numbers = [i for i in range(1, len(lines) + 1) if i not in {n for n, _ in bad}]
-            bad.append((kept_numbers[int(m.group(1)) - 1], m.group(2)))
+class _Facts:
+    """The lines ``nccl_log`` does not keep, seen as the parser streams the file (every communicator's)."""
+
+    def __init__(self):
+        self.rank_of_pid: dict[tuple, int] = {}
+        self.coll_channels: dict = {}
+        self.choices: list = []
+        self.choice_count = 0
+        self.tuning_table = False
+        self.info_lines = 0
+
+    def __call__(self, host, pid, msg: str) -> None:
+        self.info_lines += 1
+        if msg.startswith("comm "):
+            m = _RANK.match(msg)
+            if m and host:
+                self.rank_of_pid[(host, pid)] = int(m.group(1))
+        elif " coll channels, " in msg:
+            m = _COLL_CH.match(msg)
+            if m and (host, pid) in self.rank_of_pid:
+                self.coll_channels[self.rank_of_pid[(host, pid)]] = int(m.group(1))
+        elif " Bytes -> Algo " in msg:
+            m = _CHOICE.match(msg)
+            if m:
+                self.choice_count += 1
+                if len(self.choices) < MAX_CHOICES:
+                    self.choices.append((m.group(1), int(m.group(2)), m.group(3), m.group(4)))
+        elif "Algorithm" in msg and "|" in msg:
+            self.tuning_table = True
+
+
+def _facts(log: NcclLog, seen: _Facts) -> LogFacts:
+    return LogFacts(log, bad_lines=list(log.bad_lines), versions=list(log.versions), coll_channels=seen.coll_channels,
+                    choices=seen.choices, tuning_table=seen.tuning_table,
+                    ranks_seen=set(log.local_ranks) | {r for t in log.trees.values() for r in t},
+                    info_lines=seen.info_lines, choice_count=seen.choice_count, bad_count=log.bad_count)
 
 
 def read(text: str) -> LogFacts:
-    """The facts of ``text``; never raises on partial or cut logs (unreadable lines are listed in ``bad_lines``)."""
-    log, kept, bad = _lenient_parse(text)
-    facts = LogFacts(log, kept, bad)
-    rank_of_pid: dict[tuple, int] = {}
-    for line in text.splitlines():
-        if "NCCL INFO" not in line:
-            continue
-        facts.info_lines += 1
-        pm = _PID.match(line)
-        m = re.search(r"comm 0x[0-9a-f]+ rank (\d+) nRanks", line)
-        if m and pm:
-            rank_of_pid[(pm.group(1), pm.group(2))] = int(m.group(1))
-        m = _VERSION.search(line)
-        if m and m.group(1) not in facts.versions:
-            facts.versions.append(m.group(1))
-        m = _COLL_CH.search(line)
-        if m and pm and (pm.group(1), pm.group(2)) in rank_of_pid:
-            facts.coll_channels[rank_of_pid[(pm.group(1), pm.group(2))]] = int(m.group(1))
-        m = _CHOICE.search(line)
-        if m:
-            facts.choices.append((m.group(1), int(m.group(2)), m.group(3), m.group(4)))
-        if "NCCL INFO" in line and "Algorithm" in line and "|" in line:
-            facts.tuning_table = True
-    facts.ranks_seen = set(log.local_ranks) | {r for t in log.trees.values() for r in t}
-    return facts
+    """The facts of ``text``; never raises on partial or cut logs (entries that cannot be read, or that name ranks
+    outside the communicator, are left out and listed in ``bad_lines``)."""
+    seen = _Facts()
+    return _facts(parse(text, strict=False, on_info=seen), seen)
+
+
+def read_file(path: str) -> LogFacts:
+    """``read`` of a file, streamed (``nccl_log.parse_file``): memory does not grow with the file."""
+    seen = _Facts()
+    return _facts(parse_file(path, strict=False, on_info=seen), seen)
 
 
 def _ranges(values: list[int]) -> str:
@@ -129,6 +139,8 @@ def unusual(facts: LogFacts) -> list[str]:
         out.append("several NCCL versions in one log: " + ", ".join(facts.versions))
     for lineno, why in facts.bad_lines[:5]:
         out.append(f"line {lineno} left out: {why}")
+    if facts.bad_count > 5:
+        out.append(f"... {facts.bad_count - 5} more entries left out")
     return out
 
 
@@ -136,7 +148,8 @@ def nranks(facts: LogFacts) -> int:
     """The communicator's size: its ``nRanks``, else the highest rank any line names + 1 (0: none)."""
     log = facts.log
     named = facts.ranks_seen | {r for ring in log.rings.values() for r in ring} | {
-        r for (_, a, b) in log.transports for r in (a, b)}
+        r for (_, a, b) in log.transports for r in (a, b)} | {
+        p for t in log.trees.values() for up, downs in t.values() for p in (up, *downs)}
     return log.nranks or max(named, default=-1) + 1
 
 
@@ -152,8 +165,10 @@ def report(facts: LogFacts, name: str, node_of: list[int]) -> list[str]:
              f"ranks: {n}, nodes: {nnodes}, GPUs per node: {_ranges(per_node) if per_node else 'unknown'}"
              + (f" (hosts {', '.join(sorted(set(log.host_of.values())))})" if log.host_of else "")]
     if node_of:
-        lines.append("ranks by node: " + "; ".join(f"node {k}: {_ranges([r for r in range(n) if node_of[r] == k])}"
-                                                   for k in range(max(node_of) + 1)))
+        by_node: dict[int, list[int]] = {}
+        for r in range(min(n, len(node_of))):   # one pass: a node loop over the ranks is n x nodes
+            by_node.setdefault(node_of[r], []).append(r)
+        lines.append("ranks by node: " + "; ".join(f"node {k}: {_ranges(by_node[k])}" for k in sorted(by_node)))
     nch = log.ring_total or len(log.rings) or len(log.trees)
     lines.append(f"channels: {nch}" + (f" (coll channels per rank: {_ranges(list(facts.coll_channels.values()))})"
                                        if facts.coll_channels else ""))
@@ -183,7 +198,7 @@ def report(facts: LogFacts, name: str, node_of: list[int]) -> list[str]:
         lines.append("transports: no 'Channel NN : a[d] -> b[d] via ...' lines (NCCL prints them at INIT)")
     if facts.choices or facts.tuning_table:
         lines.append(f"TUNING: {'the algorithm/protocol table is printed; ' if facts.tuning_table else ''}"
-                     f"{len(facts.choices)} choice(s)")
+                     f"{max(facts.choice_count, len(facts.choices))} choice(s)")
         seen = set()
         for func, size, algo, proto in facts.choices:
             if (func, size) not in seen:

@@ -32,6 +32,9 @@ def load_all(directory: str) -> tuple[dict[int, dict], list[dict]]:
     for path in sorted(glob.glob(os.path.join(directory, "trace-rank*.jsonl"))):
         try:
             meta, evs = read_rank_file(path)
+            if not isinstance(meta, dict) or not isinstance(meta.get("rank"), int) or not all(
+                    isinstance(e, dict) and isinstance(e.get("t0"), (int, float)) for e in evs):
+                raise ValueError("a line is not a record of ours (meta with its rank, then events with t0)")
         except (ValueError, IndexError) as exc:
             raise ValueError(f"{path}: not a trace file written by NCCLLAB_TRACE ({exc})") from None
         metas[meta["rank"]] = meta

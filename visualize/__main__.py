@@ -129,9 +129,15 @@ def _run(a) -> list[str]:
         return diagrams.render(machine.machine(r, a.channel, a.title), a.out)
     if a.kind == "log":
         from . import explain
-        facts, _ = explain.read_log(a.inputs)
-        return explain.draw(facts, a.out + "-rings", a.out + "-trees", os.path.basename(a.inputs), a.title,
-                            a.max_channels, a.max_rings)
+        facts = explain.read_log(a.inputs)
+        files = explain.draw(facts, a.out + "-rings", a.out + "-trees", os.path.basename(a.inputs), a.title,
+                             a.max_channels, a.max_rings)
+        if not files:
+            n = explain.facts_of.nranks(facts)
+            raise ValueError(f"{a.inputs}: nothing to draw: " + (
+                f"{n} ranks, more than {explain.MAX_DRAWN_RANKS}" if n > explain.MAX_DRAWN_RANKS else
+                "no 'Channel NN/MM :' ring or 'Trees' line"))
+        return files
     if a.kind == "explain":
         from . import explain
         return explain.explain(a.inputs, a.out)

@@ -5,6 +5,10 @@
   the ranks' hosts;
 * series files ``{"label": ..., "points": [{"size", "busbw", "algbw"?}]}``: MPI baselines from
   ``benchmarks/allreduce_vs_mpi.py --json`` and the cost model's prediction from ``collectives.tune --series``.
+
+nccl-tests text is streamed (``nccl_tests.parse_file``); JSON is read whole up to ``MAX_JSON_BYTES``, and a JSON
+that is neither rows nor series is one line of error.  More than ``MAX_SERIES`` series (a paste of hundreds of
+runs) is refused in one line rather than drawn as a legend nobody can read.
 """
 from __future__ import annotations
 
@@ -19,25 +23,34 @@ import matplotlib.pyplot as plt  # noqa: E402
 from . import nccl_tests  # noqa: E402
 
 
+MAX_JSON_BYTES = 64 << 20   # a JSON input is read whole; a sweep's rows or series take a few KB
+MAX_SERIES = 64             # series on one plot (a legend of more cannot be read); nccl-tests files can hold more
+
+
+def _first_char(path: str) -> str:
+    with open(path, errors="replace") as f:
+        while True:
+            chunk = f.read(4096)
+            if not chunk or chunk.strip():
+                return chunk.strip()[:1]
+
+
 def load_series(path: str) -> list[dict]:
-    """Every series in ``path``: [{'label', 'size': [...], 'algbw': [...|None], 'busbw': [...]}]."""
-    text = open(path).read()
+    """Every series in ``path``: [{'label', 'size': [...], 'algbw': [...|None], 'busbw': [...]}].  nccl-tests text
+    is streamed (``nccl_tests.parse_file``); JSON is read whole, up to ``MAX_JSON_BYTES``."""
     name = os.path.basename(path)
-    stripped = text.lstrip()
-    if stripped.startswith("{") or stripped.startswith("["):
-        doc = json.loads(text)
-        if isinstance(doc, dict):
-            doc = [doc]
-        if doc and "points" in doc[0]:  # series files (MPI baseline, cost model)
-            return [{"label": d.get("label", name), "size": [p["size"] for p in d["points"]],
-                     "algbw": [p.get("algbw") for p in d["points"]], "busbw": [p["busbw"] for p in d["points"]]}
-                    for d in doc]
-        rows = [r for r in doc if r.get("placement", "out-of-place") == "out-of-place"]  # runner records
-        algos = "/".join(sorted({r["algo"] for r in rows if r.get("algo")}, reverse=True))
-        label = f"nccl-lab {rows[0].get('coll', '')} {algos} n={rows[0]['nranks']}".replace("  ", " ")
-        return [{"label": label, "size": [r["size"] for r in rows], "algbw": [r["algbw"] for r in rows],
-                 "busbw": [r["busbw"] for r in rows]}]
-    tables = nccl_tests.parse(text)
+    if _first_char(path) in ("{", "["):
+        if os.path.getsize(path) > MAX_JSON_BYTES:
+            raise ValueError(f"{path}: JSON of {os.path.getsize(path) >> 20} MiB; runner rows and series are read "
+                             f"up to {MAX_JSON_BYTES >> 20} MiB")
+        with open(path, errors="replace") as f:
+            doc = json.load(f)
+        try:
+            return _json_series(doc, name)
+        except (KeyError, TypeError, IndexError, AttributeError) as exc:
+            raise ValueError(f"{path}: JSON that is neither runner --json rows nor series files "
+                             f"({type(exc).__name__}: {exc})") from None
+    tables = nccl_tests.parse_file(path)
     if not tables:
         raise ValueError(f"{path}: no nccl-tests table (no rows 'size count type redop [root] time algbw busbw "
                          f"#wrong ...') and not JSON rows or series")
@@ -47,6 +60,34 @@ def load_series(path: str) -> list[dict]:
     return [{"label": f"NCCL: {name}" + (f" #{i + 1}" if len(tables) > 1 else "") + shape(t),
              "size": [r.size for r in t.rows], "algbw": [r.out_of_place["algbw"] for r in t.rows],
              "busbw": [r.out_of_place["busbw"] for r in t.rows]} for i, t in enumerate(tables)]
+
+
+def _number(x, what: str):
+    """A point's coordinate: a number (or None where allowed), else TypeError, which load_series reports."""
+    if x is None or isinstance(x, bool) or not isinstance(x, (int, float)):
+        if x is None and what != "size":
+            return None
+        raise TypeError(f"{what} {x!r} is not a number")
+    return x
+
+
+def _json_series(doc, name: str) -> list[dict]:
+    if isinstance(doc, dict):
+        doc = [doc]
+    if not isinstance(doc, list) or not doc or not all(isinstance(d, dict) for d in doc):
+        raise TypeError("not a list of records")
+    if "points" in doc[0]:  # series files (MPI baseline, cost model)
+        return [{"label": str(d.get("label", name)), "size": [_number(p["size"], "size") for p in d["points"]],
+                 "algbw": [_number(p.get("algbw"), "algbw") for p in d["points"]],
+                 "busbw": [_number(p["busbw"], "busbw") for p in d["points"]]} for d in doc]
+    rows = [r for r in doc if r.get("placement", "out-of-place") == "out-of-place"]  # runner records
+    if not rows:
+        raise KeyError("no out-of-place rows")
+    algos = "/".join(sorted({str(r["algo"]) for r in rows if r.get("algo")}, reverse=True))
+    label = f"nccl-lab {rows[0].get('coll', '')} {algos} n={rows[0]['nranks']}".replace("  ", " ")
+    return [{"label": label, "size": [_number(r["size"], "size") for r in rows],
+             "algbw": [_number(r["algbw"], "algbw") for r in rows],
+             "busbw": [_number(r["busbw"], "busbw") for r in rows]}]
 
 
 def _unique(series: list[dict], skip: tuple = ()) -> list[dict]:
@@ -85,6 +126,9 @@ def model_note(series: list[dict]) -> str:
 
 def plot(inputs: list[str], out: str, title: str = "", skip: tuple = ()) -> str:
     series = _unique([{**s, "file": os.path.basename(path)} for path in inputs for s in load_series(path)], skip)
+    if len(series) > MAX_SERIES:
+        raise ValueError(f"{len(series)} series to plot; a legend of more than {MAX_SERIES} cannot be read (leave some "
+                         f"out with --skip, or split the input)")
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     for ax, key in zip(axes, ("algbw", "busbw")):
         for i, s in enumerate(series):  # one colour per series in both panels (the legend is on one)

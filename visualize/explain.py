@@ -11,28 +11,34 @@ from __future__ import annotations
 
 import os
 
-from collectives.graph.replay import nodes_of, replay
+from collectives.graph.replay import nodes_of, replay_log
 from tracing import explain as facts_of
 from tracing.nccl_log import LogError
 
 from . import diagrams
 
 
-def read_log(path: str) -> tuple[facts_of.LogFacts, str]:
-    """The log's facts; ``LogError`` when the file holds no NCCL INFO line we know (it is not an NCCL log)."""
-    with open(path, errors="replace") as f:
-        text = f.read()
-    facts = facts_of.read(text)
+MAX_DRAWN_RANKS = 1024    # Graphviz lays out a few hundred ranks; past this the report says so instead
+
+
+def read_log(path: str) -> facts_of.LogFacts:
+    """The log's facts, the file streamed (``tracing.explain.read_file``: the text is never held); ``LogError``
+    when it is not an NCCL log (NCCL's line grammar, ``nccl_log.is_nccl_log``) or holds none of the lines
+    explained."""
+    facts = facts_of.read_file(path)
+    if not facts_of.is_log(facts.log):
+        raise LogError(f"{path}: not an NCCL INFO log: fewer than two lines of NCCL's 'host:pid:tid [dev] NCCL "
+                       f"INFO ...' form (NCCL writes them with NCCL_DEBUG=INFO)")
     if not facts_of.is_nccl_log(facts):
-        raise LogError(f"{path}: not an NCCL INFO log: no 'comm ... nRanks', 'Channel', 'Trees' or 'via' line "
-                       f"(NCCL writes them with NCCL_DEBUG=INFO)")
-    return facts, text
+        raise LogError(f"{path}: not an NCCL INFO log we can explain: no 'comm ... nRanks', 'Channel', 'Trees' or "
+                       f"'via' line (NCCL writes them with NCCL_DEBUG=INFO)")
+    return facts
 
 
 def _replay(facts: facts_of.LogFacts) -> tuple[dict | None, str]:
     try:
-        rep = replay(facts.text)
-    except (LogError, KeyError, IndexError, ValueError) as exc:
+        rep = replay_log(facts.log)
+    except LogError as exc:
         return None, f"trees: not checked by replay ({exc})"
     copies = rep["channels"] - rep["doubled"]
     return rep, (f"trees: matched {rep['matched']} of {rep['entries']} entries by replay (inter-node links "
@@ -40,36 +46,50 @@ def _replay(facts: facts_of.LogFacts) -> tuple[dict | None, str]:
                  f"after Postset doubling{f' + {copies} copied' if copies > 0 else ''}, pattern {rep['pattern']}")
 
 
-def draw(facts: facts_of.LogFacts, rings_out: str, trees_out: str, name: str, title: str = "",
-         max_channels: int = 8, max_rings: int = 4, replayed: dict | None = None) -> list[str]:
-    """Rings (topology) and trees of the log; returns the files written."""
+def sources(facts: facts_of.LogFacts, name: str, title: str = "", max_channels: int = 8, max_rings: int = 4,
+            replayed: dict | None = None) -> dict:
+    """The DOT sources of the log's rings (topology) and trees, those it has: {"rings": ..., "trees": ...}."""
     log = facts.log
     n = facts_of.nranks(facts)
-    if n == 0:
-        return []
+    if n == 0 or n > MAX_DRAWN_RANKS:
+        return {}
     node_of = nodes_of(log, n)
-    hosts = [log.host_of.get(node_of.index(k), "?") for k in range(max(node_of) + 1)] if log.host_of else None
+    first: dict[int, int] = {}
+    for r, k in enumerate(node_of):
+        first.setdefault(k, r)
+    hosts = [log.host_of.get(first[k], "?") for k in range(max(node_of) + 1)] if log.host_of else None
     hosts_by_rank = [hosts[node_of[r]] for r in range(n)] if hosts else None
-    out = []
+    out = {}
     if log.rings:
         rings = [log.rings[c] for c in sorted(log.rings)]
-        out += diagrams.render(diagrams.topology(n, node_of, rings, log.transports, hosts_by_rank,
-                                                 title or f"rings from {name}", max_channels), rings_out)
+        out["rings"] = diagrams.topology(n, node_of, rings, log.transports, hosts_by_rank,
+                                         title or f"rings from {name}", max_channels)
     if log.trees:
         if replayed is None:
             replayed, _ = _replay(facts)
         nch = max(log.trees) + 1
         roles = diagrams.channel_roles(nch, replayed["doubled"] if replayed else None)
         tree_list = [log.trees.get(c, {}) for c in range(nch)]
-        out += diagrams.render(diagrams.trees(tree_list, n, title or f"trees from {name}", node_of, roles,
-                                              log.transports, max_rings), trees_out)
+        out["trees"] = diagrams.trees(tree_list, n, title or f"trees from {name}", node_of, roles, log.transports,
+                                      max_rings)
+    return out
+
+
+def draw(facts: facts_of.LogFacts, rings_out: str, trees_out: str, name: str, title: str = "",
+         max_channels: int = 8, max_rings: int = 4, replayed: dict | None = None) -> list[str]:
+    """Rings (topology) and trees of the log; returns the files written."""
+    src = sources(facts, name, title, max_channels, max_rings, replayed)
+    out = []
+    for kind, path in (("rings", rings_out), ("trees", trees_out)):
+        if kind in src:
+            out += diagrams.render(src[kind], path)
     return out
 
 
 def explain(path: str, out_dir: str | None = None) -> list[str]:
     """Write ``report.txt``, ``rings.*`` and ``trees.*`` into ``out_dir`` (default: ``NAME-explained`` in the
     current directory, NAME the log's file name without extension); returns the report's lines, then the report."""
-    facts, _ = read_log(path)
+    facts = read_log(path)
     name = os.path.basename(path)
     out_dir = out_dir or os.path.splitext(name)[0] + "-explained"
     n = facts_of.nranks(facts)
@@ -84,7 +104,9 @@ def explain(path: str, out_dir: str | None = None) -> list[str]:
     lines += ["unusual: " + ("nothing" if not odd else "")] + [f"  {u}" for u in odd]
     os.makedirs(out_dir, exist_ok=True)
     files = draw(facts, os.path.join(out_dir, "rings"), os.path.join(out_dir, "trees"), name, replayed=rep)
-    lines.append("diagrams: " + (", ".join(os.path.basename(f) for f in files) if files else "none"))
+    lines.append("diagrams: " + (", ".join(os.path.basename(f) for f in files) if files else
+                                 f"none ({n} ranks: more than {MAX_DRAWN_RANKS} to draw)" if n > MAX_DRAWN_RANKS
+                                 else "none"))
     report = os.path.join(out_dir, "report.txt")
     with open(report, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -8,19 +8,37 @@ Output as users paste it: launcher prefixes on every line (``srun --label``'s ``
 ``# Using devices`` or at the first row, and two processes' tables interleaved line by line (a row whose size does
 not grow belongs to the other table).  The ``Rank … on host`` lines give the hosts, so ``nodes x ranks per node``.
 Works on real nccl-tests output and on ``python -m collectives.ring``'s, which prints the same table.
+
+Cost: ``parse_file`` streams a file line by line (each read up to ``tracing.nccl_log.MAX_LINE`` characters;
+nccl-tests' are about 130); each row is offered to at most ``MAX_LANES`` tables running alongside per stream (the
+oldest is closed when another opens: there were as many open tables as size restarts, each scanned per row); and
+an input of more than ``MAX_ROWS`` rows is refused (``OutputError``): what is kept is the rows, so memory is
+bounded by that.
 """
 from __future__ import annotations
 
+import io
 import re
 from dataclasses import dataclass, field
 
-_NUM = re.compile(r"^-?[\d.]+(e[-+]?\d+)?$|^N/A$", re.I)
+from tracing.nccl_log import bounded_lines  # each line read up to its MAX_LINE characters
+
+MAX_LANES = 8          # tables of one stream taking rows at once (processes printing the same table interleaved)
+MAX_ROWS = 1 << 16     # rows of one input: nccl-tests' -b 1 -e 16G -f 2 is 35 per table
+MAX_HEADER = 256       # header lines kept per table
+
+_NUM = re.compile(r"^-?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?$|^N/A$", re.I | re.A)
+_INT = re.compile(r"^\d+$", re.A)
 # srun --label "12: ", Open MPI --tag-output "[1,0]<stdout>:", mpirun -prepend-rank "[0] "
 _PREFIX = re.compile(r"^\s*(\d+: |\[\d+,\d+\]<std(?:out|err)>:\s?|\[\d+\] )")
 _RANK_HOST = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)")
 
 
-@dataclass
+class OutputError(ValueError):
+    """Input the nccl-tests parser refuses (too large); the message says why, in one line."""
+
+
+@dataclass(slots=True)
 class Row:
     size: int
     count: int
@@ -50,21 +68,21 @@ class Table:
 
 
 def _num(text: str):
-    if text == "N/A":
+    if text.upper() == "N/A":
         return None
     return float(text)
 
 
 def _placement(fields: list[str]) -> dict:
     time, algbw, busbw, wrong = fields
-    return {"time_us": float(time), "algbw": float(algbw), "busbw": float(busbw), "wrong": _num(wrong)}
+    return {"time_us": _num(time), "algbw": _num(algbw), "busbw": _num(busbw), "wrong": _num(wrong)}
 
 
 def _row(tok: list[str]) -> Row | None:
     """size count type redop [root] then 4 numbers per placement; None for anything else."""
-    if len(tok) not in (12, 13) or not (tok[0].isdigit() and tok[1].isdigit()):
+    if len(tok) not in (12, 13) or not (_INT.match(tok[0]) and _INT.match(tok[1])):
         return None
-    root = int(tok[4]) if len(tok) == 13 and tok[4].lstrip("-").isdigit() else -1
+    root = int(tok[4]) if len(tok) == 13 and _INT.match(tok[4].lstrip("-")) else -1
     nums = tok[-8:]
     if not all(_NUM.match(x) for x in nums):
         return None
@@ -77,14 +95,29 @@ def _split_prefix(line: str) -> tuple[str, str]:
 
 
 def parse(text: str) -> list[Table]:
-    """All tables in ``text``, in order of their first line.  Per stream (launcher prefix), a new table starts at a
-    header after a footer (or at the first row); rows whose size does not grow go to a second table that runs
+    """All tables in ``text`` (see ``parse_lines``)."""
+    return parse_lines(bounded_lines(io.StringIO(text, newline=None)))
+
+
+def parse_file(path: str) -> list[Table]:
+    """All tables of a file, streamed (see ``parse_lines``)."""
+    with open(path, errors="replace") as f:
+        try:
+            return parse_lines(bounded_lines(f))
+        except OutputError as exc:
+            raise OutputError(f"{path}: {exc}") from None
+
+
+def parse_lines(lines) -> list[Table]:
+    """All tables in ``lines``, in order of their first line.  Per stream (launcher prefix), a new table starts at
+    a header after a footer (or at the first row); rows whose size does not grow go to a second table that runs
     alongside (another process printing the same table)."""
     tables: list[Table] = []
     open_tables: dict[str, list[Table]] = {}   # stream -> tables still taking rows (first: the one taking headers)
     hosts: dict[str, dict] = {}                # stream -> rank -> host seen in its headers
-    for raw in text.splitlines():
-        stream, line = _split_prefix(raw)
+    nrows = 0
+    for raw in lines:
+        stream, line = _split_prefix(raw.rstrip("\r\n"))
         if " NCCL INFO " in line or " NCCL WARN " in line or " NCCL TRACE " in line:
             continue
         lanes = open_tables.setdefault(stream, [])
@@ -98,10 +131,11 @@ def parse(text: str) -> list[Table]:
                         t.out_of_bounds, t.oob_ok = int(m.group(1)), m.group(2) == "OK"
                         break
                 continue
-            m = re.match(r"Avg bus bandwidth\s*:\s*([-\d.eE+]+)", body)
+            m = re.match(r"Avg bus bandwidth\s*:\s*(\S+)", body)
             if m:
                 if lanes:
-                    lanes.pop(0).avg_busbw = float(m.group(1))  # that table is closed
+                    value = m.group(1)
+                    lanes.pop(0).avg_busbw = _num(value) if _NUM.match(value) else None
                 continue
             if not lanes or lanes[0].rows:
                 lanes.clear()                         # a header after rows: the previous table ended unfooted
@@ -111,7 +145,8 @@ def parse(text: str) -> list[Table]:
             m = _RANK_HOST.match(stripped)
             if m:
                 hosts[stream][int(m.group(1))] = m.group(2)
-            lanes[0].header.append(line)
+            if len(lanes[0].header) < MAX_HEADER:
+                lanes[0].header.append(line)
             continue
         row = _row(line.split())
         if row is None:
@@ -119,8 +154,14 @@ def parse(text: str) -> list[Table]:
         target = next((t for t in lanes if not t.rows or t.rows[-1].size < row.size), None)
         if target is None:
             target = Table(header=list(lanes[0].header) if lanes else [])
+            if len(lanes) == MAX_LANES:
+                lanes.pop(1 if MAX_LANES > 1 else 0)   # the oldest lane after the one taking headers
             lanes.append(target)
             tables.append(target)
+        nrows += 1
+        if nrows > MAX_ROWS:
+            raise OutputError(f"more than {MAX_ROWS} nccl-tests rows (a sweep prints tens per table); split the "
+                              f"input")
         target.rows.append(row)
         target.hosts = target.hosts or dict(hosts.get(stream, {}))
     return [t for t in tables if t.rows]

@@ -26,7 +26,7 @@ def print_graph(system: System, graph: Graph) -> list[str]:
         else []
     return head + _print_graph(system, graph)
 from .topo import GPU, System, print_system, system_from_xml
-from .topo_xml import StandIns, fused_xml, gpu_pcis, load_xml
+from .topo_xml import StandIns, TopoError, fused_xml, gpu_pcis, load_xml
 
 
 @dataclass
@@ -82,6 +82,7 @@ def run_topology(path: str, nranks: int | None = None, stand: StandIns = StandIn
         notes.append("stand-in: every PCI node of class 0x02xxxx is one IB NIC with GPUDirect RDMA "
                      "(NCCL asks the net plugin)")
     if len(system.nodes[GPU]) != nranks:
-        raise RuntimeError(f"{len(system.nodes[GPU])} GPUs in the system for {nranks} ranks")
+        raise TopoError(f"{len(system.nodes[GPU])} GPUs in the system for {nranks} ranks (GPUs sharing a bus id, "
+                        f"or a <gpu> without a rank?)")
     return TopoResult(system, ring, tree, nv, postset(ring, tree), load, print_system(system), print_paths(system),
                       graph_lines, notes, trace)

@@ -15,6 +15,7 @@ import os
 from .topo import (CPU, DEV, GPU, LINK_LOC, LINK_NET, LINK_NVL, LINK_PCI, LOC_BW, NET, NODE_TYPES, NVS, PATH_C2C,
                    PATH_DIS, PATH_LOC, PATH_NET, PATH_NVB, PATH_NVL, PATH_P2C, PATH_PHB, PATH_PXB, PATH_PXN,
                    PATH_SYS, PATH_TYPES, PCI, ARCH_X86, VENDOR_AMD, Node, Path, System, f32)
+from .topo_xml import TopoError
 
 MAXCHANNELS = 64
 
@@ -60,8 +61,10 @@ def set_paths(base: Node, system: System) -> None:
                 if new < rem_path.type or (new == rem_path.type and rem_path.bw < bw) or (
                         new == rem_path.type and rem_path.bw == bw and rem_path.count > path.count + 1):
                     rev = next((lk for lk in rem.links if lk.rem is node and lk.type == link.type), None)
-                    if rev is None:
-                        raise RuntimeError(f"no reverse link from {rem.name()} to {node.name()}")
+                    if rev is None:   # NCCL: "Failed to find reverse path" (a one-way NVLink, as a bad target makes)
+                        raise TopoError(f"no reverse link from {rem.name()} to {node.name()}: a one-way link (an "
+                                        f"<nvlink> whose target is not the GPU that links back?); NCCL fails with "
+                                        f"'Failed to find reverse path'")
                     rem_path.links = [rev] + path.links
                     rem_path.bw = bw
                     rem_path.type = new
@@ -112,7 +115,7 @@ def local_net(system: System, rank: int, channel: int) -> int:
     g = system.gpu_by_rank(rank)
     nets, _ = get_local(system, GPU, g, NET)
     if not nets:
-        raise RuntimeError(f"no local path from GPU {g} to a NIC")
+        raise TopoError(f"no local path from GPU {g} to a NIC")
     gpus, _ = get_local(system, NET, nets[0], GPU)
     per_gpu = -(-len(nets) // len(gpus))
     net = system.nodes[GPU][g].dev % len(gpus)

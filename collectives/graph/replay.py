@@ -14,6 +14,8 @@ reported, with ``matched N of M`` rank x channel entries, the inter-node links
 compared and matched, and each mismatch.
 Partial logs (one node's output) replay the entries present and name the missing ranks; a missing node's chains are
 those of a complete node moved onto its ranks.  A log of several communicators replays the largest, or ``--comm``.
+The log is streamed (``nccl_log.parse_file``, strict): a file that is not an NCCL log by NCCL's line grammar, or
+a Trees entry naming a rank outside the communicator, is one line of error naming the line.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ import argparse
 import json
 import sys
 
-from tracing.nccl_log import TREE_PATTERNS, LogError, NcclLog, parse
+from tracing.nccl_log import TREE_PATTERNS, LogError, NcclLog, is_nccl_log, parse, parse_file
 
 from .trees import PATTERNS, connect_trees
 
@@ -49,9 +51,9 @@ def _chain(tree: dict, members: list[int], node_of: list[int], node: int) -> lis
     if len(heads) != 1:
         raise LogError(f"node {node}: cannot find a single chain head among ranks {members}")
     chain = [heads[0]]
-    while True:
+    while len(chain) <= len(members):   # a cycle of intra-node links (a broken log) would never end
         nxt = [d for d in tree[chain[-1]][1] if node_of[d] == node]
-        if not nxt:
+        if not nxt or nxt[0] not in tree:
             break
         chain.append(nxt[0])
     if sorted(chain) != sorted(members):
@@ -59,11 +61,19 @@ def _chain(tree: dict, members: list[int], node_of: list[int], node: int) -> lis
     return chain
 
 
+def _members(node_of: list[int], nnodes: int) -> list[list[int]]:
+    """Each node's ranks, in one pass (a loop per node over the ranks is ranks x nodes)."""
+    members: list[list[int]] = [[] for _ in range(nnodes)]
+    for r, node in enumerate(node_of):
+        members[node].append(r)
+    return members
+
+
 def node_chains(tree: dict, node_of: list[int], nnodes: int) -> list[list[int]]:
     """Every node's chain in one channel.  A node whose ranks are all in the log: its own intra-node links.  A node
     the log lacks (a user pasted one node's output) or has only in part: the chain of the first complete node,
     moved onto its ranks by local index (NCCL's search gives identical nodes the same chains)."""
-    members = [[r for r in range(len(node_of)) if node_of[r] == node] for node in range(nnodes)]
+    members = _members(node_of, nnodes)
     complete = [node for node in range(nnodes) if members[node] and all(r in tree for r in members[node])]
     if not complete:
         raise LogError("no node has all its ranks' Trees entries in the log: its chains cannot be read")
@@ -93,16 +103,22 @@ def graph_chains(log: NcclLog, node_of: list[int], nnodes: int):
     """From the GRAPH lines, when every node printed its tree search: (per node its pattern, and a function giving
     the nodes' chains of a channel: graph channel c mod the graph's count, GPU/r entries in order).  Else None."""
     graphs = []
+    members = _members(node_of, nnodes)
     for node in range(nnodes):
-        hosts = {log.host_of.get(r) for r in range(len(node_of)) if node_of[r] == node}
-        found = [log.tree_graphs[h] for h in hosts if h in log.tree_graphs]
+        hosts = {log.host_of.get(r) for r in members[node]}
+        found = [log.tree_graphs[h] for h in sorted(hosts, key=str) if h in log.tree_graphs]
         if not found or not found[0][1]:
             return None
-        graphs.append(found[0])
+        pattern, lines = found[0]
+        # GPU/r tokens in order; a graph line that is not the node's ranks (a cut or foreign line) is not used
+        gpus = [[int(tok[4:]) for tok in line if tok.startswith("GPU/") and tok[4:].isdigit()] for line in lines]
+        if any(sorted(g) != members[node] for g in gpus):
+            return None
+        graphs.append((pattern, gpus))
     patterns = [TREE_PATTERNS[p] for p, _ in graphs]
 
     def chains(c: int) -> list[list[int]]:
-        return [[int(tok[4:]) for tok in lines[c % len(lines)] if tok.startswith("GPU/")] for _, lines in graphs]
+        return [list(gpus[c % len(gpus)]) for _, gpus in graphs]
     return patterns, chains
 
 
@@ -150,11 +166,25 @@ def _fmt(rank: int, up: int, downs: list) -> str:
 
 def replay(text: str, comm: str | None = None) -> dict:
     """``comm``: which communicator of a log that has several (default: the largest)."""
-    log = parse(text, comm)
+    return replay_log(parse(text, comm))
+
+
+def replay_file(path: str, comm: str | None = None) -> dict:
+    """``replay`` of a log file, streamed (``nccl_log.parse_file``); ``LogError`` when it is not an NCCL log."""
+    log = parse_file(path, comm)
+    if not is_nccl_log(log):
+        raise LogError("not an NCCL log: fewer than two lines of NCCL's 'host:pid:tid [dev] NCCL INFO ...' form "
+                       "(NCCL writes them with NCCL_DEBUG=INFO)")
+    return replay_log(log)
+
+
+def replay_log(log: NcclLog) -> dict:
+    """The replay of a parsed log (its ranks already checked against the communicator by ``nccl_log``)."""
     if not log.trees:
         raise LogError("no 'Trees [c] ...' lines in the log (run NCCL with NCCL_DEBUG=INFO)")
     results = {}
-    node_of = nodes_of(log, log.nranks or len(next(iter(log.trees.values()))))
+    named = max(max(r, up, *downs) for t in log.trees.values() for r, (up, downs) in t.items()) + 1
+    node_of = nodes_of(log, max(log.nranks, named))
     graph = graph_chains(log, node_of, max(node_of) + 1)
     for pattern in ([None] if graph is not None else PATTERNS):
         for doubled, derived in derive(log, node_of, pattern, graph).items():
@@ -194,9 +224,10 @@ def main(argv=None) -> int:
     p.add_argument("--comm", help="the communicator to replay (commId, N-ranks#k or index; default: the largest)")
     a = p.parse_args(argv)
     try:
-        rep = replay(open(a.log, errors="replace").read(), a.comm)
+        rep = replay_file(a.log, a.comm)
     except (LogError, OSError) as exc:
-        print(f"{a.log}: {exc}", file=sys.stderr)
+        msg = f"{exc.strerror}" if isinstance(exc, OSError) and exc.strerror else str(exc)
+        print(f"{a.log}: {msg}", file=sys.stderr)
         return 2
     if len(rep["communicators"]) > 1:
         listed = ", ".join(f"{c['id']} ({c['nranks']} ranks)" for c in rep["communicators"])

@@ -9,6 +9,10 @@ stops a channel that would overdraw a link.  ``ncclTopoCompute`` runs it from th
 array down, relaxing sameChannels, the tree pattern and the path type, within step budgets (timeouts), then
 doubles fast channels (``ncclTopoDupChannels``) and tries to raise the speed again (pass 2).
 
+The recursion (``ncclTopoSearchRec`` -> ``TryGpu`` -> ``RecGpu`` -> ... -> the next channel's ``Rec``) is NCCL's
+call for call, but as generators run on an explicit stack (``Search.run``): in C it is channels x GPUs frames
+deep, past Python's recursion limit from 64 GPUs.
+
 One node only: the NET search (``ncclTopoSearchRecNet``, crossNic, the inter-node speed arrays) and CollNet are
 not ported; ``Graph.inter`` keeps NCCL's layout so they can follow.
 """
@@ -195,13 +199,26 @@ class Search:
         return nxt[:count]
 
     # --- recursion -------------------------------------------------------------------------------------------
-    def try_gpu(self, graph, save, step, back_net, back_first, forced, t, i, g) -> None:
+    # Each recursive function is a generator that yields the call it would make (see the module docstring).
+    @staticmethod
+    def run(call) -> None:
+        """Run a generator-coded recursion to its end on an explicit stack (``yield f(...)`` is a call of f)."""
+        stack = [call]
+        while stack:
+            try:
+                sub = next(stack[-1])
+            except StopIteration:
+                stack.pop()
+                continue
+            stack.append(sub)
+
+    def try_gpu(self, graph, save, step, back_net, back_first, forced, t, i, g):
         """``ncclTopoSearchTryGpu``."""
         flag = 1 << graph.n_channels
         gpu = self.follow_path(graph, t, i, GPU, g, 1)
         if gpu is not None:
             gpu.used ^= flag
-            self.rec_gpu(graph, save, gpu, step, back_net, back_first, forced)
+            yield self.rec_gpu(graph, save, gpu, step, back_net, back_first, forced)
             gpu.used ^= flag
             self.follow_path(graph, t, i, GPU, g, -1)
 
@@ -210,7 +227,7 @@ class Search:
         rank = graph.intra[graph.n_channels - 1][step + 1]
         return self.s.gpu_by_rank(rank)
 
-    def try_nvls(self, graph, save, g: int, ngpus: int) -> None:
+    def try_nvls(self, graph, save, g: int, ngpus: int):
         """``ncclTopoSearchTryNvls``: NVSwitch -> every GPU and back, twice the bandwidth for the head ``g``."""
         n = len(self.s.nodes[GPU])
         d0 = 0
@@ -232,7 +249,7 @@ class Search:
             if not ok:
                 d1 -= 1
             else:
-                self.rec_gpu(graph, save, None, ngpus, -1, -1, 0)
+                yield self.rec_gpu(graph, save, None, ngpus, -1, -1, 0)
             while d1:
                 d1 -= 1
                 self.follow_path(graph, GPU, d1, NVS, 0, -2 if d1 == g else -1)
@@ -254,7 +271,7 @@ class Search:
             return False
         return graph.pattern == ref.pattern and graph.cross_nic == ref.cross_nic and graph.n_hops < ref.n_hops
 
-    def rec_gpu(self, graph, save, gpu, step, back_net, back_first, forced) -> None:
+    def rec_gpu(self, graph, save, gpu, step, back_net, back_first, forced):
         """``ncclTopoSearchRecGpu``: place ``gpu`` at ``step`` of the current channel and go on."""
         if self.time <= 0:
             return
@@ -267,7 +284,7 @@ class Search:
                 if graph.n_channels == graph.max_channels:
                     self.time = -1
             if graph.n_channels < graph.max_channels:
-                self.rec(graph, save)
+                yield self.rec(graph, save)
             graph.n_channels -= 1
             return
         row = graph.intra[graph.n_channels]
@@ -278,7 +295,7 @@ class Search:
         if step == back_net:
             raise NotImplementedError("multi-node search (ncclTopoSearchRecNet) is not ported")
         if graph.pattern == NVLS:
-            self.try_nvls(graph, save, g, ngpus)
+            yield self.try_nvls(graph, save, g, ngpus)
         elif step < ngpus - 1:
             if forced == FORCED_ORDER_PCI:
                 nxt = [step + 1]
@@ -287,33 +304,33 @@ class Search:
             else:
                 nxt = self.next_gpu_sort(graph, gpu, 0 if back_net == -1 else 1 if back_net == step + 1 else -1)
             for n in nxt:
-                self.try_gpu(graph, save, step + 1, back_net, back_first, forced, GPU, g, n)
+                yield self.try_gpu(graph, save, step + 1, back_net, back_first, forced, GPU, g, n)
         elif step == back_first:
             p = self.s.gpu_by_rank(graph.intra[graph.n_channels][0])
             first = self.follow_path(graph, GPU, g, GPU, p, 1)
             if first is not None:
-                self.rec_gpu(graph, save, first, step + 1, back_net, -1, forced)
+                yield self.rec_gpu(graph, save, first, step + 1, back_net, -1, forced)
                 self.follow_path(graph, GPU, g, GPU, p, -1)
         else:
-            self.rec_gpu(graph, save, gpu, ngpus, -1, -1, forced)
+            yield self.rec_gpu(graph, save, gpu, ngpus, -1, -1, forced)
 
-    def rec(self, graph: Graph, save: Graph) -> None:
+    def rec(self, graph: Graph, save: Graph):
         """``ncclTopoSearchRec`` on one node: channel 0 tries PCI order first, later channels replay the
         previous one; then (unless sameChannels) every GPU as the first."""
         if self.s.inter:
             raise NotImplementedError("multi-node search (ncclTopoSearchRecNet) is not ported")
         back_first = len(self.s.nodes[GPU]) - 1 if graph.pattern == RING else -1
         if graph.pattern == NVLS:
-            self.try_gpu(graph, save, 0, -1, back_first, 0, -1, -1, graph.n_channels)
+            yield self.try_gpu(graph, save, 0, -1, back_first, 0, -1, -1, graph.n_channels)
             return
         if graph.n_channels == 0:
-            self.try_gpu(graph, save, 0, -1, back_first, FORCED_ORDER_PCI, -1, -1, 0)
+            yield self.try_gpu(graph, save, 0, -1, back_first, FORCED_ORDER_PCI, -1, -1, 0)
         else:
             g = self.replay_gpu(graph, -1)
-            self.try_gpu(graph, save, 0, -1, back_first, FORCED_ORDER_REPLAY, -1, -1, g)
+            yield self.try_gpu(graph, save, 0, -1, back_first, FORCED_ORDER_REPLAY, -1, -1, g)
         if graph.same_channels == 0 or graph.n_channels == 0:
             for g in range(len(self.s.nodes[GPU])):
-                self.try_gpu(graph, save, 0, -1, back_first, 0, -1, -1, g)
+                yield self.try_gpu(graph, save, 0, -1, back_first, 0, -1, -1, g)
 
 
 def dup_channels(graph: Graph, cc_min: int) -> None:
@@ -379,7 +396,7 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
                        else TIMEOUT)
         tmp.n_channels = 0
         global_timeout -= search.time
-        search.rec(tmp, graph)
+        search.run(search.rec(tmp, graph))
         time = search.time
         if trace is not None:
             trace.append(f"Id {tmp.id} Pattern {tmp.pattern}, crossNic {tmp.cross_nic}, Bw {tmp.bw_inter:g}/"

@@ -22,6 +22,8 @@ PATH_LOC, PATH_NVL, PATH_NVB, PATH_C2C, PATH_PIX, PATH_PXB, PATH_P2C, PATH_PXN, 
 PATH_TYPES = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS", "NET", "DIS")
 
 LOC_BW = 5000.0
+NCCL_TOPO_MAX_NODES = 640      # src/include/graph.h: nodes of one type in a system
+NCCL_TOPO_MAX_LINKS = 576      # src/graph/topo.h: links of one node
 ARCH_X86, ARCH_POWER, ARCH_ARM = 1, 2, 3
 VENDOR_INTEL, VENDOR_AMD, VENDOR_ZHAOXIN = 1, 2, 3
 MODEL_BDW, MODEL_SKL, MODEL_SRP, MODEL_ERP = 1, 2, 3, 4
@@ -101,6 +103,10 @@ class System:
         return next((n for n in self.nodes[type_] if n.id == id_), None)
 
     def create(self, type_: int, id_: int) -> Node:
+        """``ncclTopoCreateNode``: at most NCCL_TOPO_MAX_NODES of a type (src/include/graph.h)."""
+        if len(self.nodes[type_]) == NCCL_TOPO_MAX_NODES:
+            raise TopoError(f"too many {NODE_TYPES[type_]} nodes (NCCL_TOPO_MAX_NODES {NCCL_TOPO_MAX_NODES}); NCCL "
+                            f"fails with 'tried to create too many nodes of type {type_}'")
         node = Node(type_, id_)
         self.nodes[type_].append(node)
         return node
@@ -127,6 +133,9 @@ def connect(node: Node, rem: Node, type_: int, bw: float) -> None:
     goes after the ones of equal bandwidth."""
     link = next((lk for lk in node.links if lk.rem is rem and lk.type == type_), None)
     if link is None:
+        if len(node.links) == NCCL_TOPO_MAX_LINKS:
+            raise TopoError(f"{node.name()}: more than NCCL_TOPO_MAX_LINKS ({NCCL_TOPO_MAX_LINKS}) links "
+                            f"(src/graph/topo.h)")
         link = Link(type_, 0.0, rem)
         node.links.append(link)
     link.bw = f32(link.bw + bw)
@@ -190,7 +199,10 @@ def _add_nic(xnic: XmlNode, system: System, nic: Node) -> None:
         dev = xnet.attr_int("dev")
         net = system.create(NET, dev)
         net.dev = dev
-        net.asic = int(xnet.attrs["guid"], 16) if "guid" in xnet.attrs else dev
+        try:
+            net.asic = int(xnet.attrs["guid"], 16) if "guid" in xnet.attrs else dev
+        except ValueError:
+            raise TopoError(f"{xnet.where()}: attribute guid=\"{xnet.attrs['guid']}\" is not a hex number") from None
         mbps = xnet.attr_int("speed", 0)
         net.bw = f32((mbps if mbps > 0 else 10000) / 8000.0)
         try:

@@ -10,10 +10,16 @@ Stand-ins (NCCL asks NVML and the net plugin; we cannot): a GPU without a ``<gpu
 it has no ``<nvlink>``, ``--nvlinks`` links to a hidden NVSwitch (NCCL's default is its per-SM maximum); every PCI
 node of class ``0x02xxxx`` is one IB NIC (400 Gb/s, GPUDirect RDMA).  Not ported: sysfs/NVML discovery, NIC
 fusion into virtual NICs (``ncclTopoMakeVNics``), MNNVL cliques.
+
+Limits are NCCL's parser's (``xmlLoadSub``; ``NCCL_TOPO_XML_MAX_NODES`` of ``topo.h``, ``MAX_STR_LEN``,
+``MAX_ATTR_COUNT``, ``MAX_SUBS`` of ``xml.h``), checked while expat streams the file, so ten thousand GPUs are
+refused at the 256th node.  On purpose unlike NCCL: a file larger than those limits can hold (``MAX_XML_BYTES``)
+is refused unread, and a DOCTYPE is refused (NCCL's parser has none; its entities could expand without bound).
 """
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
+import os
+import xml.parsers.expat as expat
 from dataclasses import dataclass, field
 
 NVSWITCH_CLASS = "0x068000"
@@ -80,27 +86,89 @@ class XmlNode:
 KNOWN = {"system": {"cpu"}, "cpu": {"pci", "nic"}, "pci": {"pci", "gpu", "nic", "pcilink"},
          "gpu": {"nvlink", "c2c"}, "nic": {"net"}, "net": set(), "nvlink": set(), "pcilink": set(), "c2c": set()}
 
-
-def _convert(elem: ET.Element, parent: XmlNode | None) -> XmlNode:
-    node = XmlNode(elem.tag, dict(elem.attrib), [], parent)
-    allowed = KNOWN.get(elem.tag, set())
-    for child in elem:
-        if child.tag in allowed:  # NCCL's loader skips tags it has no handler for
-            node.subs.append(_convert(child, node))
-    return node
+# NCCL's parser limits.  src/graph/topo.h: a topology file is read into NCCL_TOPO_XML_MAX_NODES nodes, and the
+# parser fails on the next node once they are used (xml.cc xmlLoadSub: "XML parser is limited to %d nodes");
+# src/graph/xml.h: MAX_STR_LEN names and values (253 characters with the quote and the NUL), MAX_ATTR_COUNT
+# attributes kept per node (the rest are read and ignored), MAX_SUBS children per node.
+NCCL_TOPO_XML_MAX_NODES = 256
+MAX_STR_LEN = 255
+MAX_ATTR_COUNT = 16
+MAX_SUBS = 640
+# The largest file those limits let hold: every node with a 253-character name and 16 attributes of 253-character
+# keys and values, plus its closing tag, about 2.2 MB; twice that is allowed for comments and indentation.
+# (On purpose unlike NCCL, which would read any amount of comment or whitespace: a file past this is refused
+# before it is read, so a huge file costs neither time nor memory.)
+MAX_XML_BYTES = 2 * NCCL_TOPO_XML_MAX_NODES * (2 + 253 + MAX_ATTR_COUNT * (1 + 253 + 2 + 253 + 1) + 2 + 253 + 3)
 
 
 def load_xml(path: str) -> XmlNode:
-    """``ncclTopoGetXmlFromFile`` + ``ncclTopoXmlLoadSystem``: the ``<system>`` tree, version checked."""
+    """``ncclTopoGetXmlFromFile`` + ``ncclTopoXmlLoadSystem``: the ``<system>`` tree, version checked.  Streamed
+    through expat in 64 KiB pieces; NCCL's limits (above) are checked as nodes arrive, so a file of ten thousand
+    GPUs is refused at its 256th node."""
     try:
-        root = ET.parse(path).getroot()
+        size = os.stat(path).st_size
+        if size > MAX_XML_BYTES:
+            raise TopoError(f"{path}: {size / 2**20:.1f} MiB, more than a topology NCCL can read holds "
+                            f"({MAX_XML_BYTES / 2**20:.1f} MiB: NCCL_TOPO_XML_MAX_NODES {NCCL_TOPO_XML_MAX_NODES} "
+                            f"nodes of MAX_ATTR_COUNT {MAX_ATTR_COUNT} attributes of MAX_STR_LEN {MAX_STR_LEN})")
+        f = open(path, "rb")
     except OSError as e:
         raise TopoError(f"{path}: cannot read ({e.strerror})") from None
-    except ET.ParseError as e:
+    stack: list[XmlNode | None] = []   # the open elements; None for one NCCL's loader skips (and its subtree)
+    top: list[XmlNode] = []
+    count = 0
+
+    def start(tag: str, attrs: dict) -> None:
+        nonlocal count
+        parent = stack[-1] if stack else None
+        known = tag == "system" if not stack else parent is not None and tag in KNOWN.get(parent.name, ())
+        if not stack and not known:
+            raise TopoError(f"{path}: top element is <{tag}>, expected <system>")
+        if not known:                  # NCCL's loader skips tags it has no handler for
+            stack.append(None)
+            return
+        count += 1
+        if count >= NCCL_TOPO_XML_MAX_NODES:
+            raise TopoError(f"{path}: more than {NCCL_TOPO_XML_MAX_NODES - 1} nodes; NCCL's XML parser is limited "
+                            f"to {NCCL_TOPO_XML_MAX_NODES} (NCCL_TOPO_XML_MAX_NODES, src/graph/topo.h)")
+        if len(tag) > MAX_STR_LEN - 2 or any(len(k) > MAX_STR_LEN - 2 or len(v) > MAX_STR_LEN - 2
+                                             for k, v in attrs.items()):
+            raise TopoError(f"{path}: <{tag[:40]}>: a name or value longer than NCCL reads (MAX_STR_LEN "
+                            f"{MAX_STR_LEN}, src/graph/xml.h)")
+        node = XmlNode(tag, dict(list(attrs.items())[:MAX_ATTR_COUNT]), [], parent)
+        if parent is not None:
+            if len(parent.subs) == MAX_SUBS:
+                raise TopoError(f"{parent.where()}: more than {MAX_SUBS} children (MAX_SUBS, src/graph/xml.h)")
+            parent.subs.append(node)
+        else:
+            top.append(node)
+        stack.append(node)
+
+    def doctype(*_) -> None:           # NCCL's parser has no DOCTYPE (and entities could expand without bound)
+        raise TopoError(f"{path}: a DOCTYPE declaration; NCCL's topology files have none")
+
+    parser = expat.ParserCreate()
+    parser.StartElementHandler = start
+    parser.EndElementHandler = lambda tag: stack.pop()
+    parser.StartDoctypeDeclHandler = doctype
+    parser.EntityDeclHandler = doctype
+    try:
+        with f:
+            read = 0
+            while True:
+                chunk = f.read(1 << 16)
+                read += len(chunk)
+                if read > MAX_XML_BYTES:   # not a regular file (a pipe): the same bound, while reading
+                    raise TopoError(f"{path}: more than {MAX_XML_BYTES / 2**20:.1f} MiB (the most a topology "
+                                    f"NCCL can read holds)")
+                parser.Parse(chunk, not chunk)
+                if not chunk:
+                    break
+    except expat.ExpatError as e:
         raise TopoError(f"{path}: not well-formed XML ({e})") from None
-    if root.tag != "system":
-        raise TopoError(f"{path}: top element is <{root.tag}>, expected <system>")
-    system = _convert(root, None)
+    except OSError as e:
+        raise TopoError(f"{path}: cannot read ({e.strerror})") from None
+    system = top[0]
     version = system.attr_int("version")
     if version != 1:
         raise TopoError(f"<system>: attribute version=\"{version}\" is not 1 (NCCL's XML topology version)")
