@@ -8,7 +8,11 @@ collective is the communicator's own plan (the cost model's algorithm and protoc
 and chunks) launched as this rank's persistent kernel: one block per channel.  The kernel works in the caller's
 buffers; a wait that runs past ``NCCLLAB_TIMEOUT`` writes the pool's abort record, which every rank's kernel
 watches, so all ranks stop and raise the same one-line error.
-Deliberate difference: Simple and LL only (no LL128 kernel); and one node (the kernels have no NET proxy).
+LL128 runs when ``NCCL_PROTO`` names it (the cost model keeps it off otherwise, as NCCL's default rule does on
+the lab's CPU topology); its FIFO rows are allocated only then.  The block size is NCCL's (``block_threads``:
+``topoGetAlgoInfo``'s nWarps); before the first launch on a GPU, ``occupancy.check_launch`` refuses in one line
+a kernel whose blocks cannot all be resident at once.
+Deliberate difference: one node only (the kernels have no NET proxy).
 """
 from __future__ import annotations
 
@@ -16,21 +20,22 @@ import numpy as np
 
 from misc.param import env_int
 
+from . import enqueue
 from .device.backend import Device, DeviceError, get_device
 from .device.common import CollectiveError
-from .graph.tuning import protocol_table
 
 
 def gpu_protocols(device: str, text: str) -> str:
-    """``NCCL_PROTO`` for the GPU kernels: ``^LL128`` when unset; a setting that leaves LL128 on is an error."""
-    if not text.strip():
-        return "^LL128"
-    table = protocol_table(text)
-    funcs = [f for f, row in table.items() if row.get("LL128") is True]
-    if funcs:
-        raise DeviceError(f"NCCL_PROTO={text!r} leaves LL128 on ({', '.join(funcs)}): the lab's GPU kernels "
-                          f"(--device {device}) have Simple and LL, not LL128")
-    return text
+    """``NCCL_PROTO`` for the GPU kernels: ``^LL128`` when unset (NCCL enables LL128 by itself only on paths it
+    has validated, ``tuning.cc``; the lab's topology is not one), else as given (LL128 named: it runs)."""
+    return text if text.strip() else "^LL128"
+
+
+def block_threads(tuning, plan) -> int:
+    """The block size NCCL launches ``plan`` with: ``topoGetAlgoInfo``'s nWarps x 32 (``tuning``: the
+    communicator's ``enqueue.Tuning``), at most NCCL_MAX_NTHREADS (640)."""
+    nbytes = plan.elt_size * enqueue.max_send_recv_count(plan.func, tuning.nranks, plan.count)
+    return min(640, enqueue.topo_get_algo_info(tuning, plan.algo, plan.proto, nbytes)[1] * 32)
 
 
 def check_gpu_args(device: str, threads: bool, nodes: int, under_mpirun: bool) -> str | None:
@@ -62,18 +67,24 @@ class GpuRank:
         if comm.device.name == "cpu" or comm.nranks == 1:
             return None
         comm.device.select(comm.local_rank)  # before any allocation: the pool, the tables, the staging
-        return cls(comm.device, comm.rank, comm.nranks, comm.rings, comm.trees, comm.nchannels, comm.buff_sizes)
+        buff = dict(comm.buff_sizes)
+        if not any(row.get("LL128") is True for row in comm.cost_model.proto_enable.values()):
+            buff["LL128"] = 0  # no LL128 FIFO rows: NCCL_PROTO does not name LL128, so nothing will run it
+        return cls(comm.device, comm.rank, comm.nranks, comm.rings, comm.trees, comm.nchannels, buff, comm.tuning)
 
     def __init__(self, device: Device, rank: int, nranks: int, rings: list, trees: list, nchannels: int,
-                 buff_sizes: dict):
+                 buff_sizes: dict, tuning=None):
         # numba.cuda is imported only now that the device is chosen: the simulator is decided at its first import
         from .device.cuda.layout import connection_tables, launch_memory, pool_layout
         self.dev, self.rank, self.n, self.nch = device, rank, nranks, nchannels
+        self.tuning = tuning
         tables = connection_tables(rings, trees, nranks, nchannels)
         self.layout = pool_layout(len(tables.ids), buff_sizes)
         self.nthreads = env_int("NCCLLAB_SIM_THREADS", 4) if device.name == "cudasim" else None
-        self.mem = launch_memory(device, tables, 1, nchannels, buff_sizes)  # this rank's staging and barriers
+        # this rank's staging and barriers (LL128: a warp per simulated thread, else NCCL's 20 warps of 640)
+        self.mem = launch_memory(device, tables, 1, nchannels, buff_sizes, self.nthreads or 20)
         self.pool: dict | None = None
+        self.checked: set = set()  # the kernels whose residency was checked (once each)
 
     def bind(self, pool, channels: list) -> None:
         """The pool the P2P transport opened; every connection must be P2P (the kernels have no other)."""
@@ -93,10 +104,12 @@ class GpuRank:
         from .device.cuda.call import abort_line, kernel_args, make_call
         plan, func, d, p = task.plan, task.func, self.dev, self.pool
         call = make_call(func, send.dtype, task.op, self.n, task.root, plan, (task.chunk_steps, task.slice_steps),
-                         self.nthreads, rank_lo=self.rank)
+                         self.nthreads or block_threads(self.tuning, plan), rank_lo=self.rank)
         staged = d.name == "cuda" and isinstance(recv, np.ndarray)  # numpy on a GPU: copy in, run, copy back
         if staged:  # pragma: no cover - needs a GPU
-            send, recv_host, recv = d.to_device(send), recv, d.to_device(recv)
+            # staged as the kernel's element type: cupy has no bfloat16 (its bits go up as uint16)
+            recv_host = recv
+            send, recv = (d.to_device(staged_view(x, call.kdt)) for x in (send, recv))
         inp, out = (self._buffer(x, call.kdt) for x in (send, recv))
         self.mem.bars[:] = 0
         args = [d.to_device(call.prm), *kernel_args(call, self.mem, p, inp, out, d.to_device)]
@@ -104,11 +117,18 @@ class GpuRank:
             call.kernel[1, call.nch * call.nthreads](*args)
         else:  # pragma: no cover - needs a GPU
             from numba import cuda
+            from .device.cuda.occupancy import check_launch
             d.cp.cuda.get_current_stream().synchronize()  # the copies and resets above, once for all arguments
-            call.kernel[call.nch, call.nthreads](*[cuda.as_cuda_array(a, sync=False) for a in args])
+            args = [cuda.as_cuda_array(a, sync=False) for a in args]
+            key = (id(call.kernel), call.nch, call.nthreads)
+            if key not in self.checked:  # every block of this rank's kernel resident at once (other processes'
+                # kernels time-slice with it, without MPS: they need not fit beside it)
+                check_launch(call.kernel, args, call.nch, call.nthreads, f"rank {self.rank}")
+                self.checked.add(key)
+            call.kernel[call.nch, call.nthreads](*args)
             d.synchronize()
             if staged:
-                recv_host[...] = d.to_host(recv).reshape(recv_host.shape)
+                staged_view(recv_host, call.kdt)[...] = d.to_host(recv)
         abort = np.asarray(d.to_host(p["abort"]))
         if abort[0]:
             raise CollectiveError(abort_line(func, op_count, abort))
@@ -118,3 +138,9 @@ class GpuRank:
         if isinstance(arr, np.ndarray):
             return self.dev.wrap(arr.reshape(-1).view(kdt).reshape(1, -1))
         return self.dev.to_device(arr).reshape(-1).view(kdt).reshape(1, -1)  # pragma: no cover - needs a GPU
+
+
+def staged_view(host: np.ndarray, kdt) -> np.ndarray:
+    """A host buffer as the kernel's flat row of ``kdt`` (bfloat16 as its uint16 bits, bytes for AllGather and
+    Broadcast), without a copy: what goes up to the GPU and what comes back into."""
+    return host.reshape(-1).view(kdt)

@@ -9,6 +9,10 @@ row directly.  A ring and a tree share the connector of the same (channel, sende
 ``run`` schedules the collective with ``enqueue.schedule_coll`` (the CPU path's split into channels and chunks)
 and launches the kernel: on ``cuda`` one host thread per rank, each launching on its own stream; on ``cudasim``
 one launch holding every rank (numba's simulator runs a single launch at a time; see ``kernel.py``).
+On ``cuda``, before anything runs: n streams need ``CUDA_DEVICE_MAX_CONNECTIONS`` >= n, and the n x channels
+blocks of a launch must all be resident (``device/cuda/occupancy.py``); either is refused in one line.
+The kernel modules are imported once the device is chosen (numba decides at its first import whether it is the
+simulator), so ``ThreadComm(2, 1, "cudasim")`` works in a process that never set ``NUMBA_ENABLE_CUDASIM``.
 The transport that selects P2P and prints NCCL's ``via P2P/...`` lines is the later ``transports/p2p.py``.
 """
 from __future__ import annotations
@@ -24,9 +28,7 @@ from collectives.graph.trees import channel_trees
 from misc.param import env_int, timeout_s
 
 from collectives.device.backend import Device, get_device
-from collectives.device.cuda import kernel as K
-from collectives.device.cuda.layout import connection_tables, launch_memory, pool_layout
-from collectives.device.cuda.call import abort_line, check, kernel_args, kernel_dtype, make_call
+from collectives.gpu_rank import block_threads
 from transports import p2p
 
 
@@ -38,6 +40,11 @@ class ThreadComm:
         self.dev = device if isinstance(device, Device) else get_device(device)
         if not self.dev.name.startswith("cuda"):
             raise ValueError("ThreadComm runs kernels: device cuda or cudasim")
+        from collectives.device.cuda import occupancy  # the device is chosen: numba.cuda may load now
+        if self.dev.name == "cuda":
+            refused = occupancy.connections(nranks)
+            if refused:
+                raise CollectiveError(refused)
         self.n, self.nch = nranks, nchannels
         self.nthreads = nthreads or (env_int("NCCLLAB_SIM_THREADS", 4) if self.dev.name == "cudasim" else None)
         self.op_count = 0
@@ -49,9 +56,10 @@ class ThreadComm:
 
     # --- connection memory (NCCL: p2pSendSetup / p2pRecvSetup allocate it, the peers exchange pointers) ---
     def _connect(self) -> None:
+        from collectives.device.cuda.layout import connection_tables, launch_memory, pool_layout
         t = connection_tables(self.rings, self.trees, self.n, self.nch)
         self.conn_ids = t.ids
-        self.mem = launch_memory(self.dev, t, self.n, self.nch, self.buff)
+        self.mem = launch_memory(self.dev, t, self.n, self.nch, self.buff, self.nthreads or 20)
         layout = pool_layout(len(t.ids), self.buff)
         self.pool = layout.views(self.dev.zeros(layout.nbytes, np.uint8))  # one process: peers' rows by pointer
         for (c, src, dst) in t.ids:  # in channel order
@@ -70,50 +78,79 @@ class ThreadComm:
                 algo: str = "Ring", absent: tuple = ()) -> "Launch":
         """Device buffers (outputs poisoned with 0xA5) and the launch arguments of one collective; calling the
         result runs it (again: the timing loop of scripts/gpu_check.py)."""
+        from collectives.device.cuda.call import check, kernel_args, kernel_dtype, make_call
         check(func, proto, algo)
         n, d = self.n, self.dev
-        host = [np.asarray(d.to_host(x)) for x in inputs]
-        dtype, count = host[0].dtype, host[0].size
+        on_device = d.is_gpu and all(isinstance(x, d.cp.ndarray) for x in inputs)
+        host = None if on_device else [np.asarray(d.to_host(x)) for x in inputs]
+        dtype = np.dtype(inputs[0].dtype) if on_device else host[0].dtype
+        count = int(np.prod(inputs[0].shape)) if on_device else host[0].size
         out_count = {"AllGather": count * n, "ReduceScatter": count // n}.get(func, count)
         sched_count = count // n if func == "ReduceScatter" else count
         kdt = kernel_dtype(func, dtype)
-        inp = d.to_device(np.stack([x.reshape(-1).view(np.uint8) for x in host]).view(kdt))
-        out = d.to_device(np.full((n, out_count * dtype.itemsize), 0xA5, np.uint8).view(kdt))
+        if on_device:  # pragma: no cover - needs a GPU
+            # cupy inputs are stacked on the device: a 1 GiB sweep point must not go through the host
+            inp = d.cp.stack([x.reshape(-1).view(d.cp.uint8) for x in inputs]).view(kdt)
+        else:
+            inp = d.to_device(np.stack([x.reshape(-1).view(np.uint8) for x in host]).view(kdt))
+        if d.is_gpu:  # pragma: no cover - needs a GPU
+            out = d.cp.full((n, out_count * dtype.itemsize), 0xA5, d.cp.uint8).view(kdt)  # poisoned on the device
+        else:
+            out = d.to_device(np.full((n, out_count * dtype.itemsize), 0xA5, np.uint8).view(kdt))
         launch = Launch(self, func, dtype, out)
         if sched_count == 0:
             return launch
         t = enqueue.default_tuning(n, self.nch, self.buff)
         plan = enqueue.schedule_coll(t, func, sched_count, dtype.itemsize, algo, proto)
-        call = make_call(func, dtype, op, n, root, plan, enqueue.chunk_slice_steps(plan), self.nthreads, 0, absent)
+        call = make_call(func, dtype, op, n, root, plan, enqueue.chunk_slice_steps(plan),
+                         self.nthreads or block_threads(t, plan), 0, absent)
         launch.kernel, launch.prm, launch.nch, launch.nthreads = call.kernel, call.prm, call.nch, call.nthreads
         launch.args = kernel_args(call, self.mem, self.pool, inp, out, d.to_device)
         return launch
 
-    def _launch_threads(self, launch: "Launch") -> None:  # pragma: no cover - needs a GPU
-        """One host thread per rank, each launching its rank's kernel on its own stream (made once per prepared
-        collective, so a timing loop measures the kernels, not the setup)."""
-        from numba import cuda
-        d = self.dev
+    def rank_args(self, launch: "Launch") -> list:  # pragma: no cover - needs a GPU
+        """Each rank's stream and kernel arguments (its own rows of the per-rank arrays), made once per prepared
+        collective, so that a timing loop measures the kernels, not the setup; the residency check runs here."""
         if launch.per_rank is None:
-            local = {3, 4, 7, 8, 12}  # inputs, outputs, staging (2 views), barriers: row 0 is the rank's own
-            launch.per_rank = []
+            from numba import cuda
+            from collectives.device.cuda import kernel as K
+            from collectives.device.cuda.occupancy import check_launch
+            d = self.dev
+            local = {K.ARGS.index(a) - 1 for a in K.PER_RANK_ARGS}  # launch.args omits prm
+            per_rank = []
             for r in range(self.n):
                 stream = d.stream()
                 p = launch.prm.copy()
                 p[K.RANK_LO] = r
                 args = [x[r:r + 1] if i in local else x for i, x in enumerate(launch.args)]
                 args = [cuda.as_cuda_array(x, sync=False) for x in [d.to_device(p), *args]]
-                launch.per_rank.append((stream, cuda.external_stream(stream.raw.ptr), args))
+                per_rank.append((stream, cuda.external_stream(stream.raw.ptr), args))
             d.synchronize()  # the parameter copies above, before any rank's stream uses them
+            launch.residency = check_launch(launch.kernel, per_rank[0][2], self.n * launch.nch, launch.nthreads,
+                                            f"{self.n} ranks as threads")
+            launch.per_rank = per_rank
+        return launch.per_rank
+
+    def _launch_threads(self, launch: "Launch", reps: int = 1, events=None) -> None:  # pragma: no cover - needs a GPU
+        """One host thread per rank, each launching its rank's kernel ``reps`` times on its own stream (with
+        ``events[r][i]``, a pair of CUDA events around launch ``i``, when timing)."""
+        from numba import cuda
+        d = self.dev
+        per_rank = self.rank_args(launch)
         errors = []
         gpu = d.cp.cuda.runtime.getDevice()  # a new thread has no current device: give it this one
 
         def one(r: int) -> None:
-            stream, nstream, args = launch.per_rank[r]
+            stream, nstream, args = per_rank[r]
             try:
                 d.cp.cuda.Device(gpu).use()
                 cuda.select_device(gpu)
-                launch.kernel[launch.nch, launch.nthreads, nstream](*args)
+                for i in range(reps):
+                    if events is not None:
+                        events[r][i][0].record(stream.raw)
+                    launch.kernel[launch.nch, launch.nthreads, nstream](*args)
+                    if events is not None:
+                        events[r][i][1].record(stream.raw)
                 stream.synchronize()
             except Exception as exc:  # reported after every thread has joined
                 errors.append(f"rank {r}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
@@ -122,7 +159,7 @@ class ThreadComm:
         for th in threads:
             th.start()
         for th in threads:
-            th.join(timeout_s() + 30)
+            th.join(timeout_s() * reps + 30)
             if th.is_alive():
                 raise CollectiveError("a rank's kernel did not return after its deadline (the card may be hung)")
         if errors:
@@ -136,6 +173,7 @@ class Launch:
         self.comm, self.func, self.dtype, self.out = comm, func, dtype, out
         self.kernel = None
         self.per_rank = None  # cuda: each rank's stream and kernel arguments, made at the first launch
+        self.residency: dict = {}  # cuda: what occupancy.check_launch found (registers, blocks per SM, SMs)
 
     def __call__(self) -> None:
         c = self.comm
@@ -151,7 +189,28 @@ class Launch:
             c._launch_threads(self)
         abort = np.asarray(c.dev.to_host(c.pool["abort"]))
         if abort[0]:
+            from collectives.device.cuda.call import abort_line
             raise CollectiveError(abort_line(self.func, c.op_count - 1, abort))
+
+    def kernel_seconds(self, reps: int) -> float:  # pragma: no cover - needs a GPU
+        """The collective's time on the GPU: every rank launches it ``reps`` times back to back, a pair of CUDA
+        events around each launch; per launch the shortest of the ranks' kernel durations (the last rank to start
+        finds its peers already waiting, so its kernel is the collective's own length, launch skew excluded),
+        averaged over the launches."""
+        c, cp = self.comm, self.comm.dev.cp
+        if self.kernel is None:
+            return 0.0
+        c.pool["abort"][:] = 0
+        c.dev.synchronize()
+        events = [[(cp.cuda.Event(), cp.cuda.Event()) for _ in range(reps)] for _ in range(c.n)]
+        c.op_count += reps
+        c._launch_threads(self, reps, events)
+        abort = np.asarray(c.dev.to_host(c.pool["abort"]))
+        if abort[0]:
+            from collectives.device.cuda.call import abort_line
+            raise CollectiveError(abort_line(self.func, c.op_count - 1, abort))
+        per_launch = [min(cp.cuda.get_elapsed_time(*events[r][i]) for r in range(c.n)) for i in range(reps)]
+        return float(np.mean(per_launch)) / 1e3
 
     def outputs(self) -> list[np.ndarray]:
         outs = np.asarray(self.comm.dev.to_host(self.out))

@@ -2,13 +2,15 @@
 persistent kernel in numba's CUDA simulator, connected by ``transports/p2p.py`` through a pool in POSIX shared memory
 (the simulator's stand-in for CUDA IPC).  Bitwise against the NCCL-order reference, through the same ``bitwise``
 worker as the CPU path: fresh random inputs, poisoned outputs, in place and out of place, counts 0, odd and a few
-thousand, small FIFOs so that they wrap and run out of credit.  1 channel where the simulator's speed asks for it."""
+thousand, small FIFOs so that they wrap and run out of credit; Simple, LL and LL128.  1 channel where the
+simulator's speed asks for it."""
 import pytest
 
 from conftest import run_ranks
 from workers import ALL, Case
 
-SIM = {"NCCLLAB_DEVICE": "cudasim", "NCCL_BUFFSIZE": "65536", "NCCL_LL_BUFFSIZE": "16384"}
+SIM = {"NCCLLAB_DEVICE": "cudasim", "NCCL_BUFFSIZE": "65536", "NCCL_LL_BUFFSIZE": "16384",
+       "NCCL_LL128_BUFFSIZE": "65536"}
 
 
 @pytest.mark.parametrize("n,proto,algo,dtypes", [
@@ -16,6 +18,7 @@ SIM = {"NCCLLAB_DEVICE": "cudasim", "NCCL_BUFFSIZE": "65536", "NCCL_LL_BUFFSIZE"
     (3, "LL", "Ring", ["float32", "float16"]),
     (3, "Simple", "Tree", ["float32", "bfloat16"]),
     (2, "LL", "Tree", ["float32", "float64"]),
+    (2, "LL128", "Ring", ["float32"]),  # named in NCCL_PROTO, LL128 runs (its FIFO rows are allocated only then)
 ])
 def test_processes_bitwise(n, proto, algo, dtypes):
     colls = ["allreduce"] if algo == "Tree" else ALL
@@ -43,7 +46,6 @@ def test_peer_that_never_enters_fails_every_rank_in_one_line():
 
 
 @pytest.mark.parametrize("env,msg", [
-    ({"NCCL_PROTO": "LL128"}, "have Simple and LL, not LL128"),
     ({"NCCL_P2P_DISABLE": "1"}, "connects ranks through P2P only"),
 ])
 def test_what_the_gpu_path_cannot_do_is_one_line(env, msg):

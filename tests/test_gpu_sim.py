@@ -1,11 +1,17 @@
 """The GPU kernels (collectives/device/cuda) under numba's CUDA simulator, bitwise against the NCCL-order reference.
 
 Ranks are threads of one process connected by direct pointers (``ThreadComm``), 1 channel, small counts (0, odd,
-a few thousand), fresh random inputs and poisoned outputs.  Small FIFOs (``NCCL_BUFFSIZE``/``NCCL_LL_BUFFSIZE``)
-make a few thousand elements span many steps, so the FIFO wraps round its 8 slots, credit runs out and LL flags
-of older steps sit in the slots.  Each communicator runs several collectives in a row (steps carry over).
+a few thousand), fresh random inputs and poisoned outputs.  Small FIFOs (``NCCL_BUFFSIZE``/``NCCL_LL_BUFFSIZE``/
+``NCCL_LL128_BUFFSIZE``) make a few thousand elements span many steps, so the FIFO wraps round its 8 slots, credit
+runs out and LL / LL128 flags of older steps sit in the slots.  Each communicator runs several collectives in a row
+(steps carry over).  Simple, LL and LL128: LL128's 128-byte lines in NCCL's warp layout are checked bit for bit
+here; that a warp's line store is seen whole (data with its flag) is a property of the hardware the simulator
+cannot show.  Integer sums that overflow their type wrap as NCCL's do, and integer Avg divides the wrapped sum.
 """
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -20,9 +26,11 @@ from collectives.device.common import CollectiveError  # noqa: E402
 from collectives.gpu_threads import ThreadComm  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # integer sums wrap, as on a GPU
-SMALL_FIFOS = {"NCCL_BUFFSIZE": "65536", "NCCL_LL_BUFFSIZE": "16384"}
+SMALL_FIFOS = {"NCCL_BUFFSIZE": "65536", "NCCL_LL_BUFFSIZE": "16384", "NCCL_LL128_BUFFSIZE": "65536"}
 COUNTS = (0, 1001, 3000)
 RING_FUNCS = ("AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Reduce")
+PROTOS = ("Simple", "LL", "LL128")
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -69,7 +77,7 @@ def _check(comm, func, xs, outs, op, proto, algo="Ring", root=0):
 
 
 @pytest.mark.parametrize("n", (2, 3))
-@pytest.mark.parametrize("proto", ("Simple", "LL"))
+@pytest.mark.parametrize("proto", PROTOS)
 @pytest.mark.parametrize("func,algo", [(f, "Ring") for f in RING_FUNCS] + [("AllReduce", "Tree")])
 def test_collectives_bitwise(small_fifos, func, algo, proto, n):
     comm = ThreadComm(n, 1, DEV)
@@ -82,7 +90,7 @@ def test_collectives_bitwise(small_fifos, func, algo, proto, n):
         _check(comm, func, xs, outs, "sum", proto, algo, root)
 
 
-@pytest.mark.parametrize("proto", ("Simple", "LL"))
+@pytest.mark.parametrize("proto", PROTOS)
 @pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float64, np.int32, np.int8, np.uint8])
 def test_datatypes_bitwise(small_fifos, dtype, proto):
     """half and bfloat16 round per operation as __hadd does; 1- and 8-byte types fill LL lines differently."""
@@ -106,7 +114,24 @@ def test_ops_bitwise(small_fifos, op, dtype, proto):
         assert np.array_equal(_bits(out), _bits(reference.reduce_scatter(xs, r, op, comm.rings, 1, proto)))
 
 
-@pytest.mark.parametrize("proto,what", [("Simple", "tail"), ("LL", "LL flag")])
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64])
+def test_integer_sums_that_overflow_wrap_as_nccls(small_fifos, dtype, proto):
+    """Inputs in the upper half of the type (negated on one rank for signed types): every sum overflows.  NCCL's
+    ``FuncSum<T>`` wraps in T and Avg divides that wrapped sum; uint64 Avg must stay integer (numba would make
+    ``uint64 // int64`` a float64 division, which loses the low bits: the simulator shows that one; the wrap of
+    int8 sums it cannot show, and tests/test_gpu_ptx.py checks it in the lowered PTX)."""
+    info = np.iinfo(dtype)
+    rng = np.random.default_rng(int(info.bits))
+    xs = [rng.integers(info.max // 2, info.max, 257, dtype=dtype, endpoint=True) for _ in range(3)]
+    if info.min < 0:
+        xs[1] = -xs[1]
+    comm = ThreadComm(3, 1, DEV)
+    for op in ("avg", "sum"):
+        _check(comm, "AllReduce", xs, comm.run("AllReduce", xs, op=op, proto=proto), op, proto)
+
+
+@pytest.mark.parametrize("proto,what", [("Simple", "tail"), ("LL", "LL flag"), ("LL128", "LL128 flag")])
 def test_peer_that_never_posts_fails_in_one_line(monkeypatch, proto, what):
     """Rank 1's kernel never runs: rank 0 sends its first chunk, then its wait for rank 1 runs out; the launch
     aborts (everyone's spins see the abort word) with one line naming rank, channel, step and peer."""
@@ -119,6 +144,31 @@ def test_peer_that_never_posts_fails_in_one_line(monkeypatch, proto, what):
     assert "\n" not in msg
     assert msg.startswith("rank 0: AllReduce (opCount 0) made no progress for 1 s (NCCLLAB_TIMEOUT): channel 0 ")
     assert msg.endswith(f"step 0 waiting for {what} from rank 1 (recv)")
+
+
+def test_threadcomm_chooses_the_simulator_itself():
+    """A fresh process that never set NUMBA_ENABLE_CUDASIM: importing the thread harness loads no kernels, so
+    ``ThreadComm(2, 1, "cudasim")`` can still choose the simulator (it used to fail, blaming the environment)."""
+    code = ("import numpy as np; from collectives.gpu_threads import ThreadComm; "
+            "c = ThreadComm(2, 1, 'cudasim'); print(c.run('AllReduce', [np.ones(8, np.float32)] * 2)[0].sum())")
+    env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "NCCLLAB_DEVICE")}
+    p = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.strip() == "16.0"
+
+
+def test_numpy_buffers_go_to_a_gpu_as_the_kernels_element_type():
+    """``gpu_rank``'s staged path (numpy buffers on ``--device cuda``): cupy has no bfloat16, so a buffer goes up
+    and comes back as the kernel's element type, its uint16 bits, viewed in place."""
+    from collectives.device.cuda.call import kernel_dtype
+    from collectives.gpu_rank import staged_view
+    host = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(2, 3)
+    bits = staged_view(host, kernel_dtype("AllReduce", host.dtype))
+    assert bits.dtype == np.uint16 and bits.shape == (6,) and np.shares_memory(bits, host)
+    bits[...] = np.float32(7).astype(ml_dtypes.bfloat16).view(np.uint16)
+    assert np.all(host == 7)
+    assert staged_view(host, kernel_dtype("AllGather", host.dtype)).dtype == np.uint8
 
 
 def test_device_selection():

@@ -8,7 +8,9 @@ Back-ends, chosen by ``NCCLLAB_DEVICE`` (default ``cpu``) or by name:
 * ``cudasim``: numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``): device memory is numpy, kernels are Python.
 
 The simulator must be chosen before ``numba.cuda`` is first imported: ``get_device("cudasim")`` sets the variable
-and reloads numba's configuration, and refuses (one line) if the real ``numba.cuda`` is already loaded.
+and reloads numba's configuration, and refuses (one line, naming the kernel module imported too early) if the
+real ``numba.cuda`` is already loaded.  The callers (``collectives/gpu_rank.py``, ``gpu_threads.py``) import the
+kernel modules only once the device is chosen.
 """
 from __future__ import annotations
 
@@ -142,8 +144,12 @@ class CudaDevice(Device):
 
 def _enable_simulator() -> None:
     if "numba.cuda" in sys.modules and not _simulating():
-        raise DeviceError("cudasim: numba.cuda was already loaded for a real GPU; set NUMBA_ENABLE_CUDASIM=1 "
-                          "before starting Python")
+        # numba decides at its first import whether numba.cuda is the simulator; say who imported it too early
+        early = sorted(m for m in sys.modules if m.startswith("collectives.device.cuda.") and m.rsplit(".", 1)[1]
+                       not in ("occupancy",))
+        who = f" ({early[0]} was imported before the device was chosen)" if early else ""
+        raise DeviceError(f"cudasim: numba.cuda is already loaded for a real GPU in this process{who}; choose the "
+                          f"device before importing the kernels, or set NUMBA_ENABLE_CUDASIM=1 before starting Python")
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     from numba.core import config
     config.reload_config()

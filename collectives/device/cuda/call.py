@@ -16,6 +16,7 @@ from collectives.device.reduce_copy import RedOp
 from misc.param import timeout_s
 
 from . import kernel as K
+from .clock import SIMULATED
 from .reduce import kind_of
 from .sync import WHAT_NAMES
 
@@ -37,7 +38,7 @@ class Call:
 def check(func: str, proto: str, algo: str) -> None:
     if func not in K.COLLS or proto not in K.PROTOS or algo not in K.ALGOS:
         raise ValueError(f"{func}/{algo}/{proto}: the GPU kernels run the five ring collectives and Tree "
-                         f"AllReduce, protocols Simple and LL")
+                         f"AllReduce, protocols Simple, LL and LL128")
     if algo == "Tree" and func != "AllReduce":
         raise ValueError(f"{func}: only AllReduce has a Tree algorithm")
 
@@ -49,36 +50,51 @@ def kernel_dtype(func: str, dtype) -> np.dtype:
     return np.dtype(np.uint16) if kind_of(dtype) == "bf16" else np.dtype(dtype)
 
 
+def tree_split(nthreads: int, proto: str) -> int:
+    """``runTreeSplit``'s reduce group: Simple ``nthreads / 2`` (+ 64 from 256 on: 384 of 640), LL and LL128 70 %
+    in whole warps (448 of 640).  The simulator's few threads keep the proportion without whole warps."""
+    if proto == "Simple":
+        half = nthreads // 2
+        return max(1, half + 64 if half >= 256 else half)
+    split = nthreads * 7 // (10 * 32) * 32
+    return split if split > 0 else max(1, nthreads * 7 // 10)
+
+
 def make_call(func: str, dtype, op: str, nranks: int, root: int, plan, chunk_slice: tuple[int, int],
-              nthreads: int | None, rank_lo: int = 0, absent: tuple = ()) -> Call:
+              nthreads: int, rank_lo: int = 0, absent: tuple = ()) -> Call:
     """The launch of ``plan`` (one work per channel), for ranks ``rank_lo`` onwards; ``chunk_slice``: its
-    ``calcCollChunking`` chunk and slice steps (``enqueue.chunk_slice_steps``)."""
+    ``calcCollChunking`` chunk and slice steps (``enqueue.chunk_slice_steps``); ``nthreads``: the block size
+    (``gpu_rank.block_threads``: NCCL's, on a GPU)."""
     check(func, plan.proto, plan.algo)
     dtype, kdt = np.dtype(dtype), kernel_dtype(func, dtype)
     work = np.array([[w.part_offset, w.part_count, w.chunk_count, w.count] for w in plan.works], np.int64)
     nch = plan.nchannels
-    nthreads = nthreads or min(640, plan.n_warps * 32)
     spc, sps = chunk_slice[0] // chunk_slice[1], chunk_slice[1]  # slices per chunk, steps per slice
-    # runTreeSplit's reduce group: 3/5 of the threads on Simple (384 of 640), 7/10 on LL (448 of 640)
-    split = max(1, nthreads * (3 if plan.proto == "Simple" else 7) // (5 if plan.proto == "Simple" else 10))
+    split = tree_split(nthreads, plan.proto)
+    if not SIMULATED and (nthreads % 32 or (plan.algo == "Tree" and split % 32)):
+        raise ValueError(f"{nthreads} threads per channel: the GPU kernels need whole warps (named barriers and "
+                         f"LL128 work in multiples of 32)")
     prm = np.array([K.COLLS[func], K.PROTOS[plan.proto], nranks, root, int(timeout_s() * 1e9), nthreads, rank_lo,
                     nch, K.ALGOS[plan.algo], spc, sps, split, sum(1 << r for r in absent)], np.int64)
     redop = RedOp(op, dtype, nranks)
     scal = np.zeros(1, kdt)
     if func not in BYTE_FUNCS and redop.premul is not None:
         scal = np.array([redop.premul]).astype(dtype).view(kdt)
-    kern = K.get_kernel(op, kind_of(dtype) if kdt != np.uint8 else "int")
+    kind = kind_of(dtype) if kdt != np.uint8 else "int"
+    kern = K.get_kernel(op if func not in BYTE_FUNCS else "sum", kind, kdt, plan.proto)
     return Call(kern, prm, work, scal, kdt, nch, nthreads)
 
 
 def kernel_args(call: Call, mem, pool: dict, inp, out, to_device) -> list:
-    """The kernel's arguments after ``prm``, in its order: the work rows, the tables, the user's buffers (rows of
-    the kernel's element type), the pool's FIFOs and counters, the launch's staging and barriers, the abort record
-    and the pre-multiplier.  ``mem``: ``layout.LaunchMemory``; ``pool``: ``PoolLayout.views``."""
+    """The kernel's arguments after ``prm``, in ``kernel.ARGS``' order: the work rows, the tables, the user's
+    buffers (rows of the kernel's element type), the pool's FIFOs, the launch's LL and LL128 staging, the pool's
+    counters, the barriers, the abort record and the pre-multiplier.  ``mem``: ``layout.LaunchMemory``; ``pool``:
+    ``PoolLayout.views``."""
     kdt = call.kdt
     return [to_device(call.work), mem.ring, mem.tree, inp, out, pool["fifo_s"].view(kdt), pool["fifo_ll"],
-            mem.stage.view(kdt), mem.stage.view(np.uint32), pool["ctrl"], pool["steps"], mem.conns, mem.bars,
-            pool["abort"], to_device(call.scal)]
+            mem.stage.view(kdt), mem.stage.view(np.uint32), pool["fifo_ll128"], mem.stage128.view(kdt),
+            mem.stage128.view(np.uint64), pool["ctrl"], pool["steps"], mem.conns, mem.bars, pool["abort"],
+            to_device(call.scal)]
 
 
 def abort_line(func: str, op_count: int, abort) -> str:

@@ -1,9 +1,12 @@
-"""The timer behind every spin's deadline (NCCL ``src/device/common.h`` checks ``*abortFlag`` while spinning; a GPU
-clock read is what ``clock64()`` gives NCCL's ``checkAbort``).
+"""The timer behind every spin's deadline (NCCL ``src/device/primitives.h``: ``checkAbort`` reads ``*abortFlag``
+every ``NCCL_SPINS_BEFORE_CHECK_ABORT`` spins).  Deliberate difference: NCCL has no deadline in the kernel (the
+host sets the abort flag); the lab's spins also give up on their own after ``NCCLLAB_TIMEOUT``.
 
-On the GPU: ``%globaltimer`` (nanoseconds, the same on every SM, so one deadline means the same everywhere).
+On the GPU: ``%globaltimer`` (``ptx.globaltimer``: nanoseconds, the same on every SM, so one deadline means the
+same everywhere).
 Under numba's simulator the kernel is plain Python: ``time.monotonic_ns``, and ``pause`` gives up the GIL so that
-the other simulated threads (the peer rank's) run while one spins.
+the other simulated threads (the peer rank's) run while one spins; on a GPU ``pause`` does nothing (NCCL's spins
+do not sleep either).
 """
 from __future__ import annotations
 
@@ -22,25 +25,15 @@ if SIMULATED:
     def pause() -> None:
         time.sleep(0)
 else:  # pragma: no cover - needs a GPU
-    from llvmlite import ir
-    from numba import types
-    try:
-        from numba.cuda.extending import intrinsic  # the numba-cuda package
-    except ImportError:
-        from numba.core.extending import intrinsic
-
-    @intrinsic
-    def _globaltimer(typingctx):
-        def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(64), []), "mov.u64 $0, %globaltimer;", "=l",
-                               side_effect=True)
-            return builder.call(asm, [])
-        return types.int64(), codegen
+    # the intrinsic is reached through its module: a global that names the module pickles by reference, so the
+    # kernels' disk-cache key (which pickles what their functions refer to) is the same in every process
+    from . import ptx
 
     @cuda.jit(device=True)
     def now_ns():
-        return _globaltimer()
+        return ptx.globaltimer()
 
     @cuda.jit(device=True)
     def pause():
-        cuda.nanosleep(64)
+        """Nothing: a GPU spin is a tight loop of volatile loads, as NCCL's (only the simulator must yield)."""
+        return

@@ -2,12 +2,19 @@
 ``all_gather.h``, ``reduce_scatter.h``, ``broadcast.h``, ``reduce.h``: ``runRing``; ``all_reduce.h``:
 ``runTreeSplit``).  The algorithms are ``collectives/device/*.py``'s, call for call.
 
+One kernel per (op, element type, protocol), as NCCL compiles one ``ncclDevKernel_*`` per function, type, op,
+algorithm and protocol (here the algorithm and the collective are launch parameters): a protocol's code alone
+keeps registers and compile time down, and the variants compile in parallel.  Every kernel is ``cache=True``:
+numba keeps the compiled kernel under ``NUMBA_CACHE_DIR`` (``scripts/gpu_check.py`` points it into its output
+folder), so a process that launches a variant another process has compiled loads it instead of compiling again.
+
 One launch runs one collective: block ``c`` is channel ``c``, its threads share every copy and reduce.  A launch
 may also carry several ranks (``prm[RANK_LO]`` onwards), a flat thread index ``v`` giving (rank, channel, thread):
 under numba's simulator, which runs one launch at a time, the thread harness puts all ranks in one launch so
 their threads spin side by side; on a GPU each rank launches its own kernel on its own stream.
 ``runTreeSplit``: the root's threads form one group; on any other rank the first ``split`` threads reduce up the
-tree and the rest broadcast down it, each group with its own barrier (NCCL: 384/256 Simple, 448/192 LL).
+tree and the rest broadcast down it, each group with its own named barrier (NCCL's split: 384/256 Simple,
+448/192 LL and LL128 of 640 threads; ``call.tree_split``).
 Every primitive returns False once the launch aborted; the algorithm then returns at once.
 """
 from __future__ import annotations
@@ -19,6 +26,7 @@ from .clock import SIMULATED
 from .layout import T_DOWN, T_FROM_DOWN, T_FROM_UP, T_TO_DOWN, T_TO_UP, T_UP
 from .prims import P_WORDS, div_up, imin, prims_finish, prims_init
 from .prims_ll import make_ll_op
+from .prims_ll128 import make_ll128_op
 from .prims_simple import make_simple_op
 from .reduce import make_ops
 
@@ -26,36 +34,64 @@ from .reduce import make_ops
 COLL, PROTO, NRANKS, ROOT, TIMEOUT, NTHREADS, RANK_LO, NCHANNELS, ALGO, SPC, SPS, SPLIT, ABSENT = range(13)
 PRM_WORDS = 13
 COLLS = {"Broadcast": 0, "Reduce": 1, "AllGather": 2, "ReduceScatter": 3, "AllReduce": 4}
-PROTOS = {"Simple": 0, "LL": 1}
+PROTOS = {"Simple": 0, "LL": 1, "LL128": 2}
 ALGOS = {"Ring": 0, "Tree": 1}
+# the kernel's arguments, in order (call.kernel_args builds them); the per-rank ones are a launch's own rows
+ARGS = ("prm", "work", "ring", "tree", "inp", "out", "fifo_s", "fifo_ll", "stage_t", "stage_u", "fifo_l128",
+        "stg_t", "stg_w", "ctrl", "steps", "conns", "bars", "abort", "scal")
+PER_RANK_ARGS = ("inp", "out", "stage_t", "stage_u", "stg_t", "stg_w", "bars")
 
-# 640 threads (NCCL's maximum) x 96 registers fit a block's 64 K registers; unbounded, numba's kernel uses ~160
-# (ptxas, sm_90), and a launch of more than 384 threads would fail.
+# 640 threads (NCCL's maximum) x 96 registers fit a block's 64 K registers; unbounded, ptxas (sm_90) gives the float32
+# kernels 128 (Simple), 136 (LL) and 178 (LL128) registers, and a block of 640 threads could not launch.  At 96
+# they spill 140-520 bytes per thread to local memory (L1-cached); occupancy.check_launch reports the figures.
 MAX_REGISTERS = 96
 
 _cache: dict = {}
 
 
-def get_kernel(op: str, kind: str):
-    """The kernel for one reduction op and element kind (compiled once; numba specialises it per dtype)."""
-    key = (op, kind)
+def get_kernel(op: str, kind: str, dtype, proto: str):
+    """The kernel for one reduction op, element type (``kind`` its family) and protocol, made once."""
+    key = (op, kind, np.dtype(dtype).name, proto)
     if key not in _cache:
-        _cache[key] = _make_kernel(*make_ops(op, kind))
+        _cache[key] = _make_kernel(*make_ops(op, kind, dtype), proto, "_".join(key))
     return _cache[key]
 
 
-def _make_kernel(fn, premul, postdiv):
-    simple_op = make_simple_op(fn, premul, postdiv)
-    ll_op = make_ll_op(fn, premul, postdiv)
+def _prim(fn, premul, postdiv, proto: str):
+    """The kernel's one primitive call site, for one protocol (``A``: the arrays of ``ARGS[4:]`` minus the
+    connection tables)."""
+    if proto == "Simple":
+        simple_op = make_simple_op(fn, premul, postdiv)
 
-    @cuda.jit(device=True)
-    def prim(P, A, prm, src_ix, dst_ix, nelem, recv, send, post_op, from_output):
-        inp, out, fifo_s, fifo_ll, stage_t, stage_u, ctrl, conns, bars, abort, scal, steps = A
-        if prm[PROTO] == 1:
+        @cuda.jit(device=True)
+        def prim(P, A, prm, src_ix, dst_ix, nelem, recv, send, post_op, from_output):
+            inp, out, fifo_s, fifo_ll, stage_t, stage_u, fifo_l128, stg_t, stg_w, ctrl, conns, bars, abort, scal, \
+                steps = A
+            return simple_op(P, inp, out, fifo_s, ctrl, conns, bars, abort, scal, prm[NRANKS], prm[TIMEOUT],
+                             src_ix, dst_ix, nelem, recv, send, post_op, from_output)
+    elif proto == "LL":
+        ll_op = make_ll_op(fn, premul, postdiv)
+
+        @cuda.jit(device=True)
+        def prim(P, A, prm, src_ix, dst_ix, nelem, recv, send, post_op, from_output):
+            inp, out, fifo_s, fifo_ll, stage_t, stage_u, fifo_l128, stg_t, stg_w, ctrl, conns, bars, abort, scal, \
+                steps = A
             return ll_op(P, inp, out, fifo_ll, stage_t, stage_u, ctrl, conns, bars, abort, scal, prm[NRANKS],
                          prm[TIMEOUT], src_ix, dst_ix, nelem, recv, send, post_op, from_output)
-        return simple_op(P, inp, out, fifo_s, ctrl, conns, bars, abort, scal, prm[NRANKS], prm[TIMEOUT],
-                         src_ix, dst_ix, nelem, recv, send, post_op, from_output)
+    else:
+        ll128_op = make_ll128_op(fn, premul, postdiv)
+
+        @cuda.jit(device=True)
+        def prim(P, A, prm, src_ix, dst_ix, nelem, recv, send, post_op, from_output):
+            inp, out, fifo_s, fifo_ll, stage_t, stage_u, fifo_l128, stg_t, stg_w, ctrl, conns, bars, abort, scal, \
+                steps = A
+            return ll128_op(P, inp, out, fifo_l128, stg_t, stg_w, ctrl, conns, bars, abort, scal, prm[NRANKS],
+                            prm[TIMEOUT], src_ix, dst_ix, nelem, recv, send, post_op, from_output)
+    return prim
+
+
+def _make_kernel(fn, premul, postdiv, proto: str, name: str):
+    prim = _prim(fn, premul, postdiv, proto)
 
     @cuda.jit(device=True)
     def ring_call(coll, k, n, ring_ix, ur, root, rank, base, cc, rem, count):
@@ -138,7 +174,7 @@ def _make_kernel(fn, premul, postdiv):
     @cuda.jit(device=True)
     def tree_split(P, A, prm, work, tree, rank, ch, tid):
         """``runTreeSplit``: build this thread's group's primitives and walk the channel's chunks."""
-        steps, ctrl = A[11], A[6]
+        steps, ctrl = A[14], A[9]
         nth = prm[NTHREADS]
         is_root = tree[rank, ch, T_UP] < 0
         leaf = tree[rank, ch, T_DOWN] < 0
@@ -147,17 +183,17 @@ def _make_kernel(fn, premul, postdiv):
             prims_init(P, tree[rank, ch, T_FROM_DOWN], tree[rank, ch, T_FROM_DOWN + 1],
                        tree[rank, ch, T_FROM_DOWN + 2], tree[rank, ch, T_TO_DOWN], tree[rank, ch, T_TO_DOWN + 1],
                        tree[rank, ch, T_TO_DOWN + 2], steps, ctrl, 1, 1, group, gtid, gth, ch, rank,
-                       rank - prm[RANK_LO], prm[PROTO] == 0)
+                       rank - prm[RANK_LO], prm[PROTO] == 0, tid)
         elif tid < prm[SPLIT]:
             group, gtid, gth = 1, tid, prm[SPLIT]
             prims_init(P, tree[rank, ch, T_FROM_DOWN], tree[rank, ch, T_FROM_DOWN + 1],
                        tree[rank, ch, T_FROM_DOWN + 2], tree[rank, ch, T_TO_UP], -1, -1, steps, ctrl, 1, 1,
-                       group, gtid, gth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0)
+                       group, gtid, gth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0, tid)
         else:
             group, gtid, gth = 2, tid - prm[SPLIT], nth - prm[SPLIT]
             prims_init(P, tree[rank, ch, T_FROM_UP], -1, -1, tree[rank, ch, T_TO_DOWN],
                        tree[rank, ch, T_TO_DOWN + 1], tree[rank, ch, T_TO_DOWN + 2], steps, ctrl, 1, 1,
-                       group, gtid, gth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0)
+                       group, gtid, gth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0, tid)
         off, end, cc = work[ch, 0], work[ch, 0] + work[ch, 1], work[ch, 2]
         # root: recv_reduce_copy_send; reduce group: send (leaf) or recv_reduce_send; broadcast group: recv (leaf)
         # or recv_copy_send
@@ -172,9 +208,8 @@ def _make_kernel(fn, premul, postdiv):
         if ok:
             prims_finish(P, steps)
 
-    @cuda.jit(**({} if SIMULATED else {"max_registers": MAX_REGISTERS}))
-    def kernel(prm, work, ring, tree, inp, out, fifo_s, fifo_ll, stage_t, stage_u, ctrl, steps, conns, bars,
-               abort, scal):
+    def kernel(prm, work, ring, tree, inp, out, fifo_s, fifo_ll, stage_t, stage_u, fifo_l128, stg_t, stg_w, ctrl,
+               steps, conns, bars, abort, scal):
         nth, nch = prm[NTHREADS], prm[NCHANNELS]
         v = cuda.blockIdx.x * cuda.blockDim.x + cuda.threadIdx.x
         per_rank = nch * nth
@@ -183,7 +218,8 @@ def _make_kernel(fn, premul, postdiv):
         tid = v % nth
         if (prm[ABSENT] >> rank) & 1:  # a rank that never runs (the deadline test)
             return
-        A = (inp, out, fifo_s, fifo_ll, stage_t, stage_u, ctrl, conns, bars, abort, scal, steps)
+        A = (inp, out, fifo_s, fifo_ll, stage_t, stage_u, fifo_l128, stg_t, stg_w, ctrl, conns, bars, abort, scal,
+             steps)
         P = cuda.local.array(P_WORDS, np.int64)
         for i in range(P_WORDS):
             P[i] = 0
@@ -191,9 +227,12 @@ def _make_kernel(fn, premul, postdiv):
             tree_split(P, A, prm, work, tree, rank, ch, tid)
             return
         prims_init(P, ring[rank, ch, 0], -1, -1, ring[rank, ch, 1], -1, -1, steps, ctrl, prm[SPC], prm[SPS], 0,
-                   tid, nth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0)
+                   tid, nth, ch, rank, rank - prm[RANK_LO], prm[PROTO] == 0, tid)
         ok = run_ring(P, A, prm, work, ring, rank, ch)
         if ok:
             prims_finish(P, steps)
 
-    return kernel
+    # numba names a cached kernel's index file after its function's qualified name: one name per variant gives each
+    # its own file, so the parallel compiles of gpu_check.py never overwrite each other's index
+    kernel.__qualname__ = f"kernel_{name}"
+    return cuda.jit(cache=True, **({} if SIMULATED else {"max_registers": MAX_REGISTERS}))(kernel)

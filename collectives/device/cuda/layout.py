@@ -3,10 +3,10 @@
 
 Every (channel, sender, receiver) edge of the rings and trees is one connection, numbered the same way on every
 rank, and is one row of each pool array: the Simple FIFO (``NCCL_STEPS`` slots of ``NCCL_BUFFSIZE / 8``), the LL
-FIFO (16-byte lines as 64-bit words), ``ctrl`` (head: the sender polls it; tail: the receiver polls it) and
-``steps`` (each side's persistent step).  A ring and a tree share the connection of the same (channel, sender,
-receiver), as in NCCL (both use connIndex 0).  ``ring[rank, channel]`` and ``tree[rank, channel]`` give a rank's
-connection numbers; the kernel indexes the pools with them.
+FIFO (16-byte lines as 64-bit words), the LL128 FIFO (128-byte lines as 64-bit words), ``ctrl`` (head: the sender
+polls it; tail: the receiver polls it) and ``steps`` (each side's persistent step).  A ring and a tree share the
+connection of the same (channel, sender, receiver), as in NCCL (both use connIndex 0).  ``ring[rank, channel]`` and
+``tree[rank, channel]`` give a rank's connection numbers; the kernel indexes the pools with them.
 Deliberate difference: NCCL gives each connection its own allocation in the receiver's memory (or the sender's for
 P2P read) and exchanges one handle per connection; the lab keeps a node's rows in one pool, so that a kernel
 reaches every peer's row through one array (numba-cuda has no pointer arithmetic over foreign allocations).
@@ -70,10 +70,12 @@ class PoolLayout:
     nconn: int
     simple_bytes: int   # per connection: NCCL_STEPS slots of NCCL_BUFFSIZE / NCCL_STEPS
     ll_words: int       # per connection and slot: 64-bit words (two per 16-byte line)
+    ll128_words: int = 0  # per connection and slot: 64-bit words, whole 2048-byte wire slices
 
     def arrays(self) -> list[tuple[str, tuple, np.dtype]]:
         return [("fifo_s", (self.nconn, self.simple_bytes), np.dtype(np.uint8)),
                 ("fifo_ll", (self.nconn, NCCL_STEPS, self.ll_words), np.dtype(np.uint64)),
+                ("fifo_ll128", (self.nconn, NCCL_STEPS, self.ll128_words), np.dtype(np.uint64)),
                 ("ctrl", (self.nconn, 2), np.dtype(np.int64)),
                 ("steps", (self.nconn, 2), np.dtype(np.int64)),
                 ("abort", (ABORT_WORDS,), np.dtype(np.int64))]
@@ -101,21 +103,28 @@ class PoolLayout:
 
 @dataclass
 class LaunchMemory:
-    """What a launch reads besides the pool and the user's buffers, on the device: the connection tables, and the
-    LL staging and thread-group barriers of the ranks it carries (row 0: its first rank)."""
+    """What a launch reads besides the pool and the user's buffers, on the device: the connection tables, the LL
+    and LL128 staging and the thread-group barriers of the ranks it carries (row 0: its first rank)."""
     ring: object
     tree: object
     conns: object
-    stage: object   # uint8[ranks, nch, 3 recv peers + the send slot, 4, LL data bytes per slot]
-    bars: object    # int64[ranks, nch, 3 thread groups, 2]
+    stage: object     # uint8[ranks, nch, 3 thread groups, 3 recv peers + the send slot, LL data bytes per slot]
+    stage128: object  # uint8[ranks, nch, 3 recv peers + the send slot, warps per block, 32 lanes, 8 words]
+    bars: object      # int64[ranks, nch, 3 thread groups, 2]: the simulator's barriers (a GPU has named ones)
 
 
-def launch_memory(dev, tables: Tables, nranks_here: int, nchannels: int, buff_sizes: dict) -> LaunchMemory:
+def launch_memory(dev, tables: Tables, nranks_here: int, nchannels: int, buff_sizes: dict,
+                  warps: int = 20) -> LaunchMemory:
+    """``warps``: LL128's warps per block (NCCL's 640 threads: 20; the simulator plays a warp per thread)."""
     ll_data = buff_sizes["LL"] // NCCL_STEPS // 2
     return LaunchMemory(dev.to_device(tables.ring), dev.to_device(tables.tree), dev.to_device(tables.conns),
                         dev.zeros((nranks_here, nchannels, 3, 4, ll_data), np.uint8),
+                        dev.zeros((nranks_here, nchannels, 4, max(1, warps), 32, 64), np.uint8),
                         dev.zeros((nranks_here, nchannels, 3, 2), np.int64))
 
 
 def pool_layout(nconn: int, buff_sizes: dict) -> PoolLayout:
-    return PoolLayout(nconn, NCCL_STEPS * (buff_sizes["Simple"] // NCCL_STEPS), buff_sizes["LL"] // NCCL_STEPS // 8)
+    # LL128: whole wire slices per slot (a slot of NCCL_LL128_BUFFSIZE / 8 bytes cut down to 2048-byte slices,
+    # so that every 16-byte access is aligned)
+    return PoolLayout(nconn, NCCL_STEPS * (buff_sizes["Simple"] // NCCL_STEPS), buff_sizes["LL"] // NCCL_STEPS // 8,
+                      buff_sizes.get("LL128", 0) // NCCL_STEPS // 2048 * 256)

@@ -4,7 +4,8 @@ destructor, ``loadRecvConn`` / ``loadSendConn``).
 numba kernels have no classes, so each thread keeps the object in a small local int64 array ``P``: its recv and
 send connections (up to 3 each, NCCL's ``Fan``), each connection's step, and where the thread sits in its group.
 Every thread of a group advances its own copy of the steps identically, so nothing of ``P`` is shared; thread 0
-of the group alone writes to memory others read (head at construction, the steps at the end).
+of the group alone writes to memory others read (head at construction, the steps at the end), with
+``sync.publish`` (``fence.acq_rel.sys``, then a relaxed store).
 Connection memory: ``ctrl[c] = [head, tail]`` and ``steps[c] = [sender's step, receiver's step]`` for connection
 ``c``; ``conns[c] = [sender rank, receiver rank]`` names the peer in a deadline message.
 """
@@ -17,7 +18,7 @@ from .sync import publish
 
 P_WORDS = 24
 NRECV, RECV, NSEND, SEND, RSTEP, SSTEP = 0, 1, 4, 5, 8, 11
-GROUP, GTID, GTHREADS, CHANNEL, RANK, RL, SPC, SPS = 14, 15, 16, 17, 18, 19, 20, 21
+GROUP, GTID, GTHREADS, CHANNEL, RANK, RL, SPC, SPS, BTID = 14, 15, 16, 17, 18, 19, 20, 21, 22
 HEAD, TAIL = 0, 1
 
 
@@ -38,9 +39,10 @@ def imax(a, b):
 
 @cuda.jit(device=True)
 def prims_init(P, r0, r1, r2, s0, s1, s2, steps, ctrl, spc, sps, group, gtid, gthreads, channel, rank, rl,
-               post_skipped):
+               post_skipped, btid):
     """Load the connections (-1: absent peer), round each step up to ``spc * sps`` (Simple's ``roundUp``) and,
-    for Simple, return the skipped credit to the senders at once (head = the rounded step)."""
+    for Simple, return the skipped credit to the senders at once (head = the rounded step).  ``btid``: the
+    thread's index in its block (LL128 numbers its warps by it)."""
     chunk = spc * sps
     nr = 0
     for c in (r0, r1, r2):
@@ -64,6 +66,7 @@ def prims_init(P, r0, r1, r2, s0, s1, s2, steps, ctrl, spc, sps, group, gtid, gt
     P[RL] = rl
     P[SPC] = spc
     P[SPS] = sps
+    P[BTID] = btid
     if post_skipped and gtid == 0:
         for i in range(nr):
             publish(ctrl, (P[RECV + i], HEAD), np.int64(P[RSTEP + i]))

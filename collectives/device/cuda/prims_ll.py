@@ -2,8 +2,9 @@
 ``postRecv``, ``incSend``), the same step and flag logic as ``collectives/device/prims_ll.py``.
 
 A 16-byte line is ``{data1, flag1, data2, flag2}``; here two 64-bit words ``data | flag << 32``, each written with
-one atomic exchange and read with one atomic load, so a half-line never tears (NCCL writes the line with one
-128-bit volatile store; a reader checks both flags either way, so the guarantee is the same).  Each thread of the
+one volatile 8-byte store and polled with one volatile 8-byte load (``sync.store`` / ``sync.load``), so a half-line
+never tears.  Deliberate difference: NCCL moves the line with one 16-byte volatile access; a reader checks both
+flags either way, so the guarantee is the same.  Each thread of the
 group owns lines ``gtid, gtid + nthreads, ...``: it polls its lines from every recv peer until both flags equal
 ``NCCL_LL_FLAG(step + 1)``, reduces their elements with the user's, and writes its lines to every send peer.
 The unpacked words go through a per-thread-line staging area (NCCL keeps them in registers): a line's data is
@@ -20,7 +21,7 @@ from include.device import NCCL_STEPS
 from include.device import LL_CLEAN_MASK, LL_FLAG_MOD
 
 from .prims import CHANNEL, GROUP, GTHREADS, GTID, HEAD, NRECV, NSEND, RANK, RECV, RL, RSTEP, SEND, SSTEP, imin
-from .sync import WHAT_HEAD, WHAT_LL_FLAG, aborted, group_sync, load, publish, set_abort, timed_out, wait_ge
+from .sync import SPINS, WHAT_HEAD, WHAT_LL_FLAG, group_sync, load, publish, set_abort, spin_check, store, wait_ge
 from .clock import now_ns, pause
 
 LOW = np.uint64(0xFFFFFFFF)
@@ -35,23 +36,29 @@ def ll_flag(step):
 
 @cuda.jit(device=True)
 def read_line(fifo, c, slot, w, flag, abort, timeout_ns, rank, channel, step, peer, group):
-    """``readLL``: both halves of line ``w // 2`` carry ``flag``; returns (ok, data1, data2)."""
+    """``readLL``: both halves of line ``w // 2`` carry ``flag``; returns (ok, data1, data2).  Every thread polls
+    its own lines (NCCL's LL has no poller: the data is in the flag word), checking the abort word and its deadline
+    every ``SPINS`` spins."""
     a = load(fifo, (c, slot, w))
     b = load(fifo, (c, slot, w + 1))
     if (a >> SHIFT) == flag and (b >> SHIFT) == flag:
         return True, a & LOW, b & LOW
     t0 = now_ns()
-    while True:
+    spins = 0
+    verdict = 0
+    while (a >> SHIFT) != flag or (b >> SHIFT) != flag:
+        spins += 1
+        if spins >= SPINS:
+            spins = 0
+            verdict = spin_check(abort, t0, timeout_ns)
+            if verdict != 0:
+                break
+        pause()
         a = load(fifo, (c, slot, w))
         b = load(fifo, (c, slot, w + 1))
-        if (a >> SHIFT) == flag and (b >> SHIFT) == flag:
-            return True, a & LOW, b & LOW
-        if aborted(abort):
-            return False, a & LOW, b & LOW
-        if timed_out(t0, timeout_ns):
-            set_abort(abort, rank, channel, step, peer, WHAT_LL_FLAG, group)
-            return False, a & LOW, b & LOW
-        pause()
+    if verdict == 2:
+        set_abort(abort, rank, channel, step, peer, WHAT_LL_FLAG, group)
+    return verdict == 0, a & LOW, b & LOW
 
 
 def make_ll_op(fn, premul, postdiv):
@@ -72,24 +79,29 @@ def make_ll_op(fn, premul, postdiv):
         pre = has_src and not from_output
         ok = True
         i = gtid
-        while i < nsend:  # waitSend: one step of credit
+        while i < nsend:  # waitSend: one step of credit, thread i polling send peer i
             c = P[SEND + i]
-            ok = ok and wait_ge(ctrl, (c, HEAD), P[SSTEP + i] + 1 - NCCL_STEPS, abort, timeout_ns, P[RANK], ch,
-                                P[SSTEP + i], conns[c, 1], WHAT_HEAD, grp)
+            if ok:
+                ok = wait_ge(ctrl, (c, HEAD), P[SSTEP + i] + 1 - NCCL_STEPS, abort, timeout_ns, P[RANK], ch,
+                             P[SSTEP + i], conns[c, 1], WHAT_HEAD, grp)
             i += gth
-        if not group_sync(bars, rl, ch, grp, gth, abort) or not ok:
+        if group_sync(bars, rl, ch, grp, gth, not ok, abort):
             return False
+        failed = False
         line = gtid
-        while line < nlines:
+        while line < nlines and not failed:
             w = 2 * line
             for j in range(nrecv):
                 c, step = P[RECV + j], P[RSTEP + j]
                 good, d1, d2 = read_line(fifo, c, step % NCCL_STEPS, w, ll_flag(step), abort, timeout_ns,
                                          P[RANK], ch, step, conns[c, 0], grp)
-                if not good:
-                    return False
+                if not good:  # the launch aborted: on to the group's last barrier, which every thread must reach
+                    failed = True
+                    break
                 stage_u[rl, ch, grp, j, w] = np.uint32(d1)
                 stage_u[rl, ch, grp, j, w + 1] = np.uint32(d2)
+            if failed:
+                break
             if nsend:  # zero the padding of a partial last line
                 stage_u[rl, ch, grp, SEND_SLOT, w] = 0
                 stage_u[rl, ch, grp, SEND_SLOT, w + 1] = 0
@@ -116,25 +128,24 @@ def make_ll_op(fn, premul, postdiv):
                 if nsend:
                     stage_t[rl, ch, grp, SEND_SLOT, e] = v
                 e += 1
-            for j in range(nsend):  # storeLL
+            for j in range(nsend):  # storeLL: data and flag in each 8-byte half, one volatile store each
                 c, step = P[SEND + j], P[SSTEP + j]
                 flag = ll_flag(step) << SHIFT
-                cuda.atomic.exch(fifo, (c, step % NCCL_STEPS, w),
-                                 flag | np.uint64(stage_u[rl, ch, grp, SEND_SLOT, w]))
-                cuda.atomic.exch(fifo, (c, step % NCCL_STEPS, w + 1),
-                                 flag | np.uint64(stage_u[rl, ch, grp, SEND_SLOT, w + 1]))
+                store(fifo, (c, step % NCCL_STEPS, w), flag | np.uint64(stage_u[rl, ch, grp, SEND_SLOT, w]))
+                store(fifo, (c, step % NCCL_STEPS, w + 1),
+                      flag | np.uint64(stage_u[rl, ch, grp, SEND_SLOT, w + 1]))
             line += gth
         for j in range(nsend):  # incSend's cleanup on clean-mask steps
             c, step = P[SEND + j], P[SSTEP + j]
-            if (step & LL_CLEAN_MASK) == LL_CLEAN_MASK:
+            if (step & LL_CLEAN_MASK) == LL_CLEAN_MASK and not failed:
                 flag = ll_flag(step) << SHIFT
                 line = nlines + gtid
                 while line < slot_lines:
-                    cuda.atomic.exch(fifo, (c, step % NCCL_STEPS, 2 * line), flag)
-                    cuda.atomic.exch(fifo, (c, step % NCCL_STEPS, 2 * line + 1), flag)
+                    store(fifo, (c, step % NCCL_STEPS, 2 * line), flag)
+                    store(fifo, (c, step % NCCL_STEPS, 2 * line + 1), flag)
                     line += gth
             P[SSTEP + j] += 1
-        if not group_sync(bars, rl, ch, grp, gth, abort):
+        if group_sync(bars, rl, ch, grp, gth, failed, abort):
             return False
         for j in range(nrecv):  # postRecv
             P[RSTEP + j] += 1

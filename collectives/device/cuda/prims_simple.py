@@ -1,10 +1,12 @@
 """The Simple protocol on the GPU (NCCL ``src/device/prims_simple.h``: ``genericOp``, ``waitPeer``, ``postPeer``),
 the same step and slice logic as ``collectives/device/prims_simple.py``.
 
-Per slice: the group's first threads wait (one per peer) for ``tail >= step + StepPerSlice`` of each recv peer and
-for send credit ``head + NCCL_STEPS >= step + StepPerSlice`` of each send peer; barrier; every thread of the group
-reduces and copies a strided share of the slice's elements; barrier; thread 0 publishes (system fence, then the
-store) the new step into the senders' head and the receivers' tail.  Empty trailing slices still wait and post.
+Per slice: the group's first threads wait, one per peer as NCCL's roles (thread ``i`` for recv peer ``i``, then
+thread ``nrecv + j`` for send peer ``j``), for ``tail >= step + StepPerSlice`` of each recv peer and for send credit
+``head + NCCL_STEPS >= step + StepPerSlice`` of each send peer, with a volatile load (``sync.wait_ge``); the rest
+of the group waits at its named barrier; every thread then reduces and copies a strided share of the slice's
+elements; barrier; thread 0 publishes (``fence.acq_rel.sys``, then a relaxed store) the new step into the senders'
+head and the receivers' tail.  Empty trailing slices still wait and post.
 """
 from __future__ import annotations
 
@@ -37,19 +39,19 @@ def make_simple_op(fn, premul, postdiv):
         for _ in range(spc):
             real = imax(0, imin(slice_size, nelem - offset))
             ok = True
-            i = gtid
-            while i < nrecv:  # waitPeer: the recv peer has filled this slice
-                c = P[RECV + i]
-                ok = ok and wait_ge(ctrl, (c, TAIL), P[RSTEP + i] + sps, abort, timeout_ns, P[RANK],
-                                    P[CHANNEL], P[RSTEP + i], conns[c, 0], WHAT_TAIL, P[GROUP])
-                i += gth
-            i = gtid
-            while i < nsend:  # ... and the send peer has room for it
-                c = P[SEND + i]
-                ok = ok and wait_ge(ctrl, (c, HEAD), P[SSTEP + i] + sps - NCCL_STEPS, abort, timeout_ns,
-                                    P[RANK], P[CHANNEL], P[SSTEP + i], conns[c, 1], WHAT_HEAD, P[GROUP])
-                i += gth
-            if not group_sync(bars, rl, P[CHANNEL], P[GROUP], gth, abort) or not ok:
+            k = gtid
+            while k < nrecv + nsend:  # waitPeer: thread k polls peer k, recv peers first (NCCL's roles)
+                if ok and k < nrecv:  # the recv peer has filled this slice
+                    c = P[RECV + k]
+                    ok = wait_ge(ctrl, (c, TAIL), P[RSTEP + k] + sps, abort, timeout_ns, P[RANK], P[CHANNEL],
+                                 P[RSTEP + k], conns[c, 0], WHAT_TAIL, P[GROUP])
+                elif ok:  # ... and the send peer has room for it
+                    j = k - nrecv
+                    c = P[SEND + j]
+                    ok = wait_ge(ctrl, (c, HEAD), P[SSTEP + j] + sps - NCCL_STEPS, abort, timeout_ns, P[RANK],
+                                 P[CHANNEL], P[SSTEP + j], conns[c, 1], WHAT_HEAD, P[GROUP])
+                k += gth
+            if group_sync(bars, rl, P[CHANNEL], P[GROUP], gth, not ok, abort):  # subBarrier
                 return False
             e = gtid
             while e < real:
@@ -73,7 +75,7 @@ def make_simple_op(fn, premul, postdiv):
                 for j in range(nsend):
                     fifo[P[SEND + j], (P[SSTEP + j] % NCCL_STEPS) * step_elems + e] = v
                 e += gth
-            if not group_sync(bars, rl, P[CHANNEL], P[GROUP], gth, abort):
+            if group_sync(bars, rl, P[CHANNEL], P[GROUP], gth, False, abort):  # barrier
                 return False
             for j in range(nrecv):  # postPeer
                 P[RSTEP + j] += sps

@@ -71,9 +71,18 @@ def _minmax(larger: bool):
     return fn
 
 
-def make_ops(op: str, kind: str):
-    """(fn, premul, postdiv) device functions: ``fn(a, b)``; ``premul(x, s)`` the Avg pre-multiply of floats
-    (identity otherwise); ``postdiv(x, n)`` the integer Avg's final division (identity otherwise)."""
+def make_ops(op: str, kind: str, dtype=None):
+    """(fn, premul, postdiv) device functions for ``dtype`` (the kernel's element type; its kind ``kind``):
+    ``fn(a, b)``; ``premul(x, s)`` the Avg pre-multiply of floats (identity otherwise); ``postdiv(x, n)`` the
+    integer Avg's final division (identity otherwise).
+
+    Integers wrap in their own type, as NCCL's ``FuncSum<T>`` does in C: numba types ``int8 + int8`` as int64
+    (and unsigned pairs as uint64), so every integer result is cast back to ``T`` (``wrap``) before it goes on,
+    and Avg divides that wrapped sum: signed in int64, truncating toward zero as C's ``/``; unsigned in uint64
+    (``uint64 // int64`` would be a float64 division in numba).  Float Avg multiplies with ``__fmul_rn`` on a GPU,
+    so NVVM cannot fuse the pre-multiply into the next add (an FMA would round once where the reference rounds
+    twice)."""
+    T = np.dtype(dtype if dtype is not None else (np.int64 if kind == "int" else np.float32)).type
     if kind == "half":
         if op in ("sum", "avg"):
             @cuda.jit(device=True)
@@ -105,6 +114,21 @@ def make_ops(op: str, kind: str):
                 if x != x:
                     return b
                 return (a if x >= y else b) if larger else (a if x <= y else b)
+    elif kind == "int":
+        if op in ("sum", "avg"):
+            @cuda.jit(device=True)
+            def fn(a, b):
+                return T(a + b)
+        elif op == "prod":
+            @cuda.jit(device=True)
+            def fn(a, b):
+                return T(a * b)
+        else:
+            larger = op == "max"
+
+            @cuda.jit(device=True)
+            def fn(a, b):
+                return (a if a >= b else b) if larger else (a if a <= b else b)
     else:
         if op in ("sum", "avg"):
             @cuda.jit(device=True)
@@ -126,22 +150,41 @@ def make_ops(op: str, kind: str):
         def premul(x, s):
             return f32_to_bf16(bf16_to_f32(x) * bf16_to_f32(s))
     elif op == "avg" and kind == "float":
-        @cuda.jit(device=True)
-        def premul(x, s):
-            return x * s
+        premul = _fmul_rn(T)
     else:
         @cuda.jit(device=True)
         def premul(x, s):
             return x
 
-    if op == "avg" and kind == "int":
+    if op == "avg" and kind == "int" and np.dtype(T).kind == "u":
         @cuda.jit(device=True)
         def postdiv(x, n):
-            if x >= 0:
-                return x // n
-            return -((-x) // n)
+            return T(np.uint64(x) // np.uint64(n))
+    elif op == "avg" and kind == "int":
+        @cuda.jit(device=True)
+        def postdiv(x, n):
+            q, m = np.int64(x), np.int64(n)
+            r = q // m  # floor; C truncates toward zero: one up when a negative sum leaves a remainder
+            if q < 0 and r * m != q:
+                r += 1
+            return T(r)
     else:
         @cuda.jit(device=True)
         def postdiv(x, n):
             return x
     return fn, premul, postdiv
+
+
+def _fmul_rn(T):
+    """``x * s`` rounded once, never contracted into an FMA (libdevice ``__fmul_rn`` / ``__dmul_rn``)."""
+    if SIMULATED:
+        @cuda.jit(device=True)
+        def premul(x, s):
+            return x * s
+        return premul
+    mul = libdevice.dmul_rn if T is np.float64 else libdevice.fmul_rn  # pragma: no cover - needs a GPU
+
+    @cuda.jit(device=True)
+    def premul(x, s):  # pragma: no cover - needs a GPU
+        return mul(x, s)
+    return premul
