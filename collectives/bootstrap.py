@@ -37,6 +37,8 @@ from misc import sockets
 from misc.listener import SOCKET_TYPE_BOOTSTRAP, Listener, hello
 from misc.param import env_str, timeout_s
 from misc.sockets import BootstrapError
+from tracing import debug
+from tracing.debug import ranges
 
 UNIQUE_ID_BYTES = 128
 NCCL_MAGIC = 0x0280028002800280  # NCCL's fixed magic with NCCL_COMM_ID (src/include/comm.h)
@@ -84,18 +86,6 @@ def _ipv4(raw: bytes) -> str | None:
         return None
 
 
-def ranks_text(ranks: list[int]) -> str:
-    """``[3, 4, 5, 9]`` as ``3-5,9``: a list of missing ranks stays one short line at any scale."""
-    parts, i = [], 0
-    while i < len(ranks):
-        j = i
-        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
-            j += 1
-        parts.append(str(ranks[i]) if i == j else f"{ranks[i]}-{ranks[j]}")
-        i = j + 1
-    return ",".join(parts)
-
-
 @dataclass
 class _Joined:
     host: str
@@ -118,6 +108,26 @@ def _fail_all(joined: dict, error: str, *extra) -> BootstrapError:
     return BootstrapError(error)
 
 
+def _admit(listener: Listener, joined: dict, nranks: int, conn, body: bytes, addr: str) -> None:
+    """One join message: a real rank's slot, a stranger's message dropped, or a contradiction that ends the job."""
+    rank, n, port, host_raw = JOIN.unpack(body)
+    host = _ipv4(host_raw)
+    if host is None or port == 0 or n < 1 or rank < 0:
+        conn.close()  # the magic was right but the message is not ours: dropped as a wrong magic would be
+        listener.dropped += 1
+        debug.info("NET|INIT", f"bootstrap root: connection from {addr} sent a malformed join, discarding peer "
+                               f"connection")
+        return
+    if n != nranks or rank >= nranks:
+        raise _fail_all(joined, f"bootstrap root: the process at {addr} joined as rank {rank} of {n}, this "
+                                f"communicator has {nranks} ranks (a stale unique id, or a launcher that "
+                                f"disagrees on the job size)", conn)
+    if rank in joined:
+        raise _fail_all(joined, f"bootstrap root: two processes joined as rank {rank}: {joined[rank].addr} and "
+                                f"{addr}", conn)
+    joined[rank] = _Joined(host, port, conn, addr)
+
+
 def _root_thread(listener: Listener, nranks: int, deadline: float, errors: list) -> None:
     """``bootstrapRoot``: collect every rank's ring address, then send each its successor's.  A stranger is
     dropped by the listener; a real rank that contradicts the others ends the job with a line naming it."""
@@ -128,25 +138,19 @@ def _root_thread(listener: Listener, nranks: int, deadline: float, errors: list)
                 conn, body, addr = listener.accept(deadline, f"the ranks of the bootstrap root "
                                                              f"({len(joined)} of {nranks} joined)", first=JOIN.size)
             except BootstrapError:
-                missing = [r for r in range(nranks) if r not in joined]
-                strangers = f"; {listener.dropped} stranger connection(s) discarded" if listener.dropped else ""
-                raise _fail_all(joined, f"bootstrap root: rank(s) {ranks_text(missing)} never joined within "
-                                        f"{timeout_s():g} s (NCCLLAB_TIMEOUT); {len(joined)} of {nranks} did"
-                                        f"{strangers}") from None
-            rank, n, port, host_raw = JOIN.unpack(body)
-            host = _ipv4(host_raw)
-            if host is None or port == 0 or n < 1 or rank < 0:
-                listener.dropped += 1  # the magic was right but the message is not ours: as a wrong magic
-                conn.close()
-                continue
-            if n != nranks or rank >= nranks:
-                raise _fail_all(joined, f"bootstrap root: the process at {addr} joined as rank {rank} of {n}, "
-                                        f"this communicator has {nranks} ranks (a stale unique id, or a launcher "
-                                        f"that disagrees on the job size)", conn)
-            if rank in joined:
-                raise _fail_all(joined, f"bootstrap root: two processes joined as rank {rank}: "
-                                        f"{joined[rank].addr} and {addr}", conn)
-            joined[rank] = _Joined(host, port, conn, addr)
+                break
+            _admit(listener, joined, nranks, conn, body, addr)
+        if len(joined) < nranks:
+            while True:  # joins complete as the deadline passed still count, and get the reason below
+                try:
+                    _admit(listener, joined, nranks, *listener.accept(time.monotonic(), "late ranks", first=JOIN.size))
+                except BootstrapError:
+                    break
+            missing = [r for r in range(nranks) if r not in joined]
+            strangers = f"; {listener.dropped} stranger connection(s) discarded" if listener.dropped else ""
+            raise _fail_all(joined, f"bootstrap root: rank(s) {ranges(missing)} never joined within "
+                                    f"{timeout_s():g} s (NCCLLAB_TIMEOUT); {len(joined)} of {nranks} did"
+                                    f"{strangers}")
         for rank, j in joined.items():
             nxt = joined[(rank + 1) % nranks]
             _reply(j.conn, REPLY_NEXT, nxt.host, nxt.port)

@@ -143,10 +143,6 @@ class Listener:
                         sel.unregister(s)
 
     def close(self) -> None:
-        for p in self.pending:
-            try:
-                p.sock.close()
-            except OSError:
-                pass
-        self.pending = []
+        for p in list(self.pending):
+            self._drop(p, "was still mid-handshake when the listener closed")
         self.srv.close()
