@@ -307,7 +307,8 @@ print("ok" if ok else "bad")
 """
 
 # cuda-bindings returns a tuple from every driver call: (CUresult,) when the call has no output, (CUresult, value)
-# with one, (CUresult, v1, v2, ...) with several
+# with one, (CUresult, v1, v2, ...) with several; chk checks that and unwraps it.  Both the probe and its peer
+# process map a cuMem allocation the same way (cu_mem_map_and_set_access)
 _CHK = r"""
 def chk(cu, r, what):
     if not isinstance(r, tuple) or not r:
@@ -315,6 +316,15 @@ def chk(cu, r, what):
     if r[0] != cu.CUresult.CUDA_SUCCESS:
         raise RuntimeError(f"{what}: {r[0]}")
     return None if len(r) == 1 else r[1] if len(r) == 2 else r[1:]
+
+
+def cu_mem_map_and_set_access(cu, va, size, handle):  # NCCL's ncclCuMemMapAndSetAccess, on device 0
+    chk(cu, cu.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
+    acc = cu.CUmemAccessDesc()
+    acc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    acc.location.id = 0
+    acc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    chk(cu, cu.cuMemSetAccess(va, size, [acc], 1), "cuMemSetAccess")
 """
 
 _CUMEM_CHILD = _CHK + r"""
@@ -330,12 +340,7 @@ chk(cu, cu.cuCtxSetCurrent(chk(cu, cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePr
 h = chk(cu, cu.cuMemImportFromShareableHandle(
     fds[0], cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), "cuMemImportFromShareableHandle")
 va = chk(cu, cu.cuMemAddressReserve(size, 0, 0, 0), "cuMemAddressReserve")
-chk(cu, cu.cuMemMap(va, size, 0, h, 0), "cuMemMap")
-acc = cu.CUmemAccessDesc()
-acc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-acc.location.id = 0
-acc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-chk(cu, cu.cuMemSetAccess(va, size, [acc], 1), "cuMemSetAccess")
+cu_mem_map_and_set_access(cu, va, size, h)
 chk(cu, cu.cuMemsetD32(va, 0x1234ABCD, size // 4), "cuMemsetD32")
 chk(cu, cu.cuCtxSynchronize(), "cuCtxSynchronize")
 s.sendall(b"ok")
@@ -380,7 +385,7 @@ def _cumem_probe(timeout: float = 30.0) -> str:
         return "skipped: cuda-bindings (cuda.bindings) not installed"
     ns: dict = {}
     exec(_CHK, ns)
-    chk = ns["chk"]
+    chk, cu_mem_map_and_set_access = ns["chk"], ns["cu_mem_map_and_set_access"]
     child, srv = None, None
     try:
         chk(cu, cu.cuInit(0), "cuInit")
@@ -412,12 +417,7 @@ def _cumem_probe(timeout: float = 30.0) -> str:
         conn.close()
         child.wait(timeout)
         va = chk(cu, cu.cuMemAddressReserve(size, 0, 0, 0), "cuMemAddressReserve")
-        chk(cu, cu.cuMemMap(va, size, 0, handle, 0), "cuMemMap")
-        acc = cu.CUmemAccessDesc()
-        acc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        acc.location.id = 0
-        acc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        chk(cu, cu.cuMemSetAccess(va, size, [acc], 1), "cuMemSetAccess")
+        cu_mem_map_and_set_access(cu, va, size, handle)
         host = np.zeros(size // 4, np.uint32)
         chk(cu, cu.cuMemcpyDtoH(host.ctypes.data, va, size), "cuMemcpyDtoH")
         if reply == b"ok" and np.all(host == 0x1234ABCD):

@@ -40,6 +40,9 @@ ALGOS = {"Ring": 0, "Tree": 1}
 ARGS = ("prm", "work", "ring", "tree", "inp", "out", "fifo_s", "fifo_ll", "stage_t", "stage_u", "fifo_l128",
         "stg_t", "stg_w", "ctrl", "steps", "conns", "bars", "abort", "scal")
 PER_RANK_ARGS = ("inp", "out", "stage_t", "stage_u", "stg_t", "stg_w", "bars")
+# A, the tuple of arrays the kernel hands its device functions: the places of its arrays
+(A_INP, A_OUT, A_FIFO_S, A_FIFO_LL, A_STAGE_T, A_STAGE_U, A_FIFO_L128, A_STG_T, A_STG_W, A_CTRL, A_CONNS, A_BARS,
+ A_ABORT, A_SCAL, A_STEPS) = range(15)
 
 # 640 threads (NCCL's maximum) x 96 registers fit a block's 64 K registers; unbounded, ptxas (sm_90) gives the float32
 # kernels 128 (Simple), 136 (LL) and 178 (LL128) registers, and a block of 640 threads could not launch.  At 96
@@ -58,35 +61,18 @@ def get_kernel(op: str, kind: str, dtype, proto: str):
 
 
 def _prim(fn, premul, postdiv, proto: str):
-    """The kernel's one primitive call site, for one protocol (``A``: the arrays of ``ARGS[4:]`` minus the
-    connection tables)."""
-    if proto == "Simple":
-        simple_op = make_simple_op(fn, premul, postdiv)
+    """The kernel's one primitive call site, for one protocol: its op on its own FIFO and staging arrays of ``A``
+    (the kernel's arrays from ``inp`` on, ``A_*`` their places; Simple's op leaves the staging pair unused)."""
+    make_op, fifo, stage_a, stage_b = {"Simple": (make_simple_op, A_FIFO_S, A_STAGE_T, A_STAGE_U),
+                                       "LL": (make_ll_op, A_FIFO_LL, A_STAGE_T, A_STAGE_U),
+                                       "LL128": (make_ll128_op, A_FIFO_L128, A_STG_T, A_STG_W)}[proto]
+    op = make_op(fn, premul, postdiv)
 
-        @cuda.jit(device=True)
-        def prim(P, A, prm, src_ix, dst_ix, nelem, recv, send, post_op, from_output):
-            inp, out, fifo_s, fifo_ll, stage_t, stage_u, fifo_l128, stg_t, stg_w, ctrl, conns, bars, abort, scal, \
-                steps = A
-            return simple_op(P, inp, out, fifo_s, ctrl, conns, bars, abort, scal, prm[NRANKS], prm[TIMEOUT],
-                             src_ix, dst_ix, nelem, recv, send, post_op, from_output)
-    elif proto == "LL":
-        ll_op = make_ll_op(fn, premul, postdiv)
-
-        @cuda.jit(device=True)
-        def prim(P, A, prm, src_ix, dst_ix, nelem, recv, send, post_op, from_output):
-            inp, out, fifo_s, fifo_ll, stage_t, stage_u, fifo_l128, stg_t, stg_w, ctrl, conns, bars, abort, scal, \
-                steps = A
-            return ll_op(P, inp, out, fifo_ll, stage_t, stage_u, ctrl, conns, bars, abort, scal, prm[NRANKS],
-                         prm[TIMEOUT], src_ix, dst_ix, nelem, recv, send, post_op, from_output)
-    else:
-        ll128_op = make_ll128_op(fn, premul, postdiv)
-
-        @cuda.jit(device=True)
-        def prim(P, A, prm, src_ix, dst_ix, nelem, recv, send, post_op, from_output):
-            inp, out, fifo_s, fifo_ll, stage_t, stage_u, fifo_l128, stg_t, stg_w, ctrl, conns, bars, abort, scal, \
-                steps = A
-            return ll128_op(P, inp, out, fifo_l128, stg_t, stg_w, ctrl, conns, bars, abort, scal, prm[NRANKS],
-                            prm[TIMEOUT], src_ix, dst_ix, nelem, recv, send, post_op, from_output)
+    @cuda.jit(device=True)
+    def prim(P, A, prm, src_ix, dst_ix, nelem, recv, send, post_op, from_output):
+        return op(P, A[A_INP], A[A_OUT], A[fifo], A[stage_a], A[stage_b], A[A_CTRL], A[A_CONNS], A[A_BARS],
+                  A[A_ABORT], A[A_SCAL], prm[NRANKS], prm[TIMEOUT], src_ix, dst_ix, nelem, recv, send, post_op,
+                  from_output)
     return prim
 
 
@@ -151,7 +137,7 @@ def _make_kernel(fn, premul, postdiv, proto: str, name: str):
         ring_ix = ring[rank, ch, 2]
         ur = ring[rank, ch, 3:]
         part_offset, part_count, chunk_count, count = work[ch, 0], work[ch, 1], work[ch, 2], work[ch, 3]
-        align = 16 // A[1].itemsize
+        align = 16 // A[A_OUT].itemsize
         calls = 2 * n - 1 if coll == 4 else (n if coll == 2 or coll == 3 else 1)
         stride = n * chunk_count if coll == 4 else chunk_count
         elem_offset = 0
@@ -174,7 +160,7 @@ def _make_kernel(fn, premul, postdiv, proto: str, name: str):
     @cuda.jit(device=True)
     def tree_split(P, A, prm, work, tree, rank, ch, tid):
         """``runTreeSplit``: build this thread's group's primitives and walk the channel's chunks."""
-        steps, ctrl = A[14], A[9]
+        steps, ctrl = A[A_STEPS], A[A_CTRL]
         nth = prm[NTHREADS]
         is_root = tree[rank, ch, T_UP] < 0
         leaf = tree[rank, ch, T_DOWN] < 0

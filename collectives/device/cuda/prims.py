@@ -14,7 +14,9 @@ from __future__ import annotations
 import numpy as np
 from .api import cuda
 
-from .sync import publish
+from include.device import NCCL_STEPS
+
+from .sync import WHAT_HEAD, group_sync, publish, wait_ge
 
 P_WORDS = 24
 NRECV, RECV, NSEND, SEND, RSTEP, SSTEP = 0, 1, 4, 5, 8, 11
@@ -81,3 +83,59 @@ def prims_finish(P, steps):
         for i in range(P[NSEND]):
             steps[P[SEND + i], 0] = P[SSTEP + i]
         cuda.threadfence_system()
+
+
+@cuda.jit(device=True)
+def op_begin(P, nelem, recv, send):
+    """The first lines of every protocol's ``GenericOp``: (nrecv, nsend, nelem), the recv and send peers the op
+    moves data with (``fan.nrecv()`` / ``fan.nsend()``, none in a direction it does not move: NCCL's ``RECV`` /
+    ``SEND``) and its element count, never below 0."""
+    if nelem < 0:
+        nelem = 0
+    return (P[NRECV] if recv else 0), (P[NSEND] if send else 0), nelem
+
+
+def make_load_src(premul):
+    """``load_src(inp, out, rl, ix, from_output, scal)``: a primitive's user source element ``ix`` of local rank
+    ``rl``: the output for ``sendFromOutput`` / ``recvCopySend`` (``from_output``), else the input with
+    ``applyPreOp`` (``premul``: Avg's pre-multiplication by ``scal[0]``; the identity for the other ops)."""
+    @cuda.jit(device=True)
+    def load_src(inp, out, rl, ix, from_output, scal):
+        if from_output:
+            return out[rl, ix]
+        return premul(inp[rl, ix], scal[0])
+    return load_src
+
+
+@cuda.jit(device=True)
+def wait_send(P, ctrl, conns, bars, abort, timeout_ns, nsend, gtid, gth, rl, ch, grp):
+    """``waitSend`` of LL and LL128 (``prims_ll.h``, ``prims_ll128.h``): one step of credit from each of the first
+    ``nsend`` send peers (``head + NCCL_STEPS > step``), thread ``i`` of the group polling send peer ``i``; then
+    the group's barrier (LL's ``waitSend`` ends with it, LL128's ``GenericOp`` calls it next).  False on every
+    thread of the group when a wait failed or the launch aborted.  ``gtid, gth, rl, ch, grp``: ``P[GTID]``,
+    ``P[GTHREADS]``, ``P[RL]``, ``P[CHANNEL]``, ``P[GROUP]`` as the op holds them (read from ``P`` again, after
+    its stores at computed indices, they cost the kernels more spills)."""
+    ok = True
+    i = gtid
+    while i < nsend:
+        c = P[SEND + i]
+        if ok:
+            ok = wait_ge(ctrl, (c, HEAD), P[SSTEP + i] + 1 - NCCL_STEPS, abort, timeout_ns, P[RANK], ch,
+                         P[SSTEP + i], conns[c, 1], WHAT_HEAD, grp)
+        i += gth
+    return not group_sync(bars, rl, ch, grp, gth, not ok, abort)
+
+
+@cuda.jit(device=True)
+def post_recv(P, ctrl, bars, abort, nrecv, failed, gtid, gth, rl, ch, grp):
+    """``postRecv`` of LL and LL128 (``prims_ll.h``; LL128's ``GenericOp`` has the barrier just before it): the
+    group's barrier (``failed``: this thread's vote that the step failed), then each of the first ``nrecv`` recv
+    peers' steps advances and thread 0 returns the credit (head = the new step).  False when the launch
+    aborted.  ``gtid, gth, rl, ch, grp``: as for ``wait_send``."""
+    if group_sync(bars, rl, ch, grp, gth, failed, abort):
+        return False
+    for j in range(nrecv):
+        P[RSTEP + j] += 1
+        if gtid == 0:
+            publish(ctrl, (P[RECV + j], HEAD), np.int64(P[RSTEP + j]))
+    return True

@@ -20,8 +20,9 @@ from .api import cuda
 from include.device import NCCL_STEPS
 from include.device import LL_CLEAN_MASK, LL_FLAG_MOD
 
-from .prims import CHANNEL, GROUP, GTHREADS, GTID, HEAD, NRECV, NSEND, RANK, RECV, RL, RSTEP, SEND, SSTEP, imin
-from .sync import SPINS, WHAT_HEAD, WHAT_LL_FLAG, group_sync, load, publish, set_abort, spin_check, store, wait_ge
+from .prims import CHANNEL, GROUP, GTHREADS, GTID, RANK, RECV, RL, RSTEP, SEND, SSTEP, imin, \
+    make_load_src, op_begin, post_recv, wait_send
+from .sync import WHAT_LL_FLAG, check_abort, load, set_abort, store
 from .clock import now_ns, pause
 
 LOW = np.uint64(0xFFFFFFFF)
@@ -47,12 +48,9 @@ def read_line(fifo, c, slot, w, flag, abort, timeout_ns, rank, channel, step, pe
     spins = 0
     verdict = 0
     while (a >> SHIFT) != flag or (b >> SHIFT) != flag:
-        spins += 1
-        if spins >= SPINS:
-            spins = 0
-            verdict = spin_check(abort, t0, timeout_ns)
-            if verdict != 0:
-                break
+        spins, verdict = check_abort(spins, abort, t0, timeout_ns)
+        if verdict != 0:
+            break
         pause()
         a = load(fifo, (c, slot, w))
         b = load(fifo, (c, slot, w + 1))
@@ -62,30 +60,22 @@ def read_line(fifo, c, slot, w, flag, abort, timeout_ns, rank, channel, step, pe
 
 
 def make_ll_op(fn, premul, postdiv):
+    load_src = make_load_src(premul)
+
     @cuda.jit(device=True)
     def ll_op(P, inp, out, fifo, stage_t, stage_u, ctrl, conns, bars, abort, scal, nranks, timeout_ns,
               src_ix, dst_ix, nelem, recv, send, post_op, from_output):
-        """``LLGenericOp``: one step per call, even for nelem = 0; False on abort."""
+        """``LLGenericOp``: one step per call, even for nelem = 0 (``waitSend``; each thread's lines: ``readLL``
+        from every recv peer, reduce, ``storeLL`` to every send peer; ``incSend``'s cleanup; ``postRecv``); False
+        on abort."""
         gtid, gth, rl, ch, grp = P[GTID], P[GTHREADS], P[RL], P[CHANNEL], P[GROUP]
-        nrecv = P[NRECV] if recv else 0
-        nsend = P[NSEND] if send else 0
-        if nelem < 0:
-            nelem = 0
+        nrecv, nsend, nelem = op_begin(P, nelem, recv, send)
         esize = out.itemsize
         per_line = 8 // esize
         nlines = (nelem * esize + 7) // 8
         slot_lines = fifo.shape[2] // 2
         has_src, has_dst = src_ix >= 0, dst_ix >= 0
-        pre = has_src and not from_output
-        ok = True
-        i = gtid
-        while i < nsend:  # waitSend: one step of credit, thread i polling send peer i
-            c = P[SEND + i]
-            if ok:
-                ok = wait_ge(ctrl, (c, HEAD), P[SSTEP + i] + 1 - NCCL_STEPS, abort, timeout_ns, P[RANK], ch,
-                             P[SSTEP + i], conns[c, 1], WHAT_HEAD, grp)
-            i += gth
-        if group_sync(bars, rl, ch, grp, gth, not ok, abort):
+        if not wait_send(P, ctrl, conns, bars, abort, timeout_ns, nsend, gtid, gth, rl, ch, grp):
             return False
         failed = False
         line = gtid
@@ -110,12 +100,7 @@ def make_ll_op(fn, premul, postdiv):
             while e < e_end:
                 k = 0
                 if has_src:
-                    if from_output:
-                        v = out[rl, src_ix + e]
-                    else:
-                        v = inp[rl, src_ix + e]
-                    if pre:
-                        v = premul(v, scal[0])
+                    v = load_src(inp, out, rl, src_ix + e, from_output, scal)
                 else:
                     v = stage_t[rl, ch, grp, 0, e]
                     k = 1
@@ -145,11 +130,5 @@ def make_ll_op(fn, premul, postdiv):
                     store(fifo, (c, step % NCCL_STEPS, 2 * line + 1), flag)
                     line += gth
             P[SSTEP + j] += 1
-        if group_sync(bars, rl, ch, grp, gth, failed, abort):
-            return False
-        for j in range(nrecv):  # postRecv
-            P[RSTEP + j] += 1
-            if gtid == 0:
-                publish(ctrl, (P[RECV + j], HEAD), np.int64(P[RSTEP + j]))
-        return True
+        return post_recv(P, ctrl, bars, abort, nrecv, failed, gtid, gth, rl, ch, grp)
     return ll_op

@@ -31,10 +31,9 @@ from include.device import NCCL_STEPS
 
 from .api import cuda
 from .clock import SIMULATED, now_ns, pause
-from .prims import BTID, CHANNEL, GROUP, GTHREADS, GTID, HEAD, NRECV, NSEND, RANK, RECV, RL, RSTEP, SEND, SSTEP, \
-    div_up, imin
-from .sync import SPINS, WHAT_HEAD, WHAT_LL128_FLAG, group_sync, load2, publish, set_abort, spin_check, store2, \
-    wait_ge
+from .prims import BTID, CHANNEL, GROUP, GTHREADS, GTID, RANK, RECV, RL, RSTEP, SEND, SSTEP, \
+    div_up, imin, make_load_src, op_begin, post_recv, wait_send
+from .sync import SPINS, WHAT_LL128_FLAG, load2, set_abort, spin_check, store2
 
 LINE_WORDS, SLICE_WORDS, SLICE_DATA_WORDS = 16, 256, 240   # NCCL_LL128_LINEELEMS, one warp's wire slice
 LANE_WORDS = 8                                                # NCCL_LL128_SHMEM_ELEMS_PER_THREAD
@@ -95,31 +94,22 @@ def wait_lines(fifo, c, slot, wire0, lane0, flag, abort, timeout_ns, rank, chann
 
 
 def make_ll128_op(fn, premul, postdiv):
+    load_src = make_load_src(premul)
+
     @cuda.jit(device=True)
     def ll128_op(P, inp, out, fifo, stg_t, stg_w, ctrl, conns, bars, abort, scal, nranks, timeout_ns,
                  src_ix, dst_ix, nelem, recv, send, post_op, from_output):
-        """``GenericOp``: one step per call, even for nelem = 0; False on abort."""
+        """``GenericOp``: one step per call, even for nelem = 0 (``waitSend``; each warp's slices:
+        ``recvReduceSendCopy``; ``postRecv``); False on abort."""
         gtid, gth, rl, ch, grp = P[GTID], P[GTHREADS], P[RL], P[CHANNEL], P[GROUP]
-        nrecv = P[NRECV] if recv else 0
-        nsend = P[NSEND] if send else 0
-        if nelem < 0:
-            nelem = 0
+        nrecv, nsend, nelem = op_begin(P, nelem, recv, send)
         per_word = 8 // out.itemsize
         slice_elems = SLICE_DATA_WORDS * per_word
         lane0 = gtid % THREADS_PER_WARP
         warp, nwarps = gtid // THREADS_PER_WARP, gth // THREADS_PER_WARP
         bwarp = P[BTID] // THREADS_PER_WARP  # the warp's staging row: unique in the block across groups
         has_src, has_dst = src_ix >= 0, dst_ix >= 0
-        pre = has_src and not from_output
-        ok = True
-        i = gtid
-        while i < nsend:  # waitSend: one step of credit, thread i polling send peer i
-            c = P[SEND + i]
-            if ok:
-                ok = wait_ge(ctrl, (c, HEAD), P[SSTEP + i] + 1 - NCCL_STEPS, abort, timeout_ns, P[RANK], ch,
-                             P[SSTEP + i], conns[c, 1], WHAT_HEAD, grp)
-            i += gth
-        if group_sync(bars, rl, ch, grp, gth, not ok, abort):
+        if not wait_send(P, ctrl, conns, bars, abort, timeout_ns, nsend, gtid, gth, rl, ch, grp):  # and barrier()
             return False
         failed = False
         nslices = div_up(nelem, slice_elems)
@@ -156,12 +146,7 @@ def make_ll128_op(fn, premul, postdiv):
                             x = p * per_word + q
                             kk = 0
                             if has_src:
-                                if from_output:
-                                    v = out[rl, src_ix + base + e]
-                                else:
-                                    v = inp[rl, src_ix + base + e]
-                                if pre:
-                                    v = premul(v, scal[0])
+                                v = load_src(inp, out, rl, src_ix + base + e, from_output, scal)
                             else:
                                 v = stg_t[rl, ch, 0, bwarp, lane, x]
                                 kk = 1
@@ -185,11 +170,5 @@ def make_ll128_op(fn, premul, postdiv):
             s += nwarps
         for j in range(nsend):
             P[SSTEP + j] += 1
-        if group_sync(bars, rl, ch, grp, gth, failed, abort):
-            return False
-        for j in range(nrecv):  # postRecv
-            P[RSTEP + j] += 1
-            if gtid == 0:
-                publish(ctrl, (P[RECV + j], HEAD), np.int64(P[RSTEP + j]))
-        return True
+        return post_recv(P, ctrl, bars, abort, nrecv, failed, gtid, gth, rl, ch, grp)  # barrier(), postRecv
     return ll128_op

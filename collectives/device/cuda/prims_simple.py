@@ -15,26 +15,26 @@ from .api import cuda
 
 from include.device import NCCL_STEPS
 
-from .prims import (CHANNEL, GROUP, GTHREADS, GTID, HEAD, NRECV, NSEND, RANK, RECV, RL, RSTEP, SEND, SPC, SPS,
-                    SSTEP, TAIL, div_up, imax, imin)
+from .prims import (CHANNEL, GROUP, GTHREADS, GTID, HEAD, RANK, RECV, RL, RSTEP, SEND, SPC, SPS,
+                    SSTEP, TAIL, div_up, imax, imin, make_load_src, op_begin)
 from .sync import WHAT_HEAD, WHAT_TAIL, group_sync, publish, wait_ge
 
 
 def make_simple_op(fn, premul, postdiv):
+    load_src = make_load_src(premul)
+
     @cuda.jit(device=True)
-    def simple_op(P, inp, out, fifo, ctrl, conns, bars, abort, scal, nranks, timeout_ns,
+    def simple_op(P, inp, out, fifo, stage_a, stage_b, ctrl, conns, bars, abort, scal, nranks, timeout_ns,
                   src_ix, dst_ix, nelem, recv, send, post_op, from_output):
-        """``genericOp``: ``src_ix``/``dst_ix`` < 0 mean no user source / destination; False on abort."""
+        """``genericOp``: ``src_ix``/``dst_ix`` < 0 mean no user source / destination; False on abort.
+        ``stage_a``, ``stage_b``: unused (Simple stages nothing); the three protocols' ops take the same
+        arguments, so that the kernel calls each the same way."""
         spc, sps = P[SPC], P[SPS]
         gtid, gth, rl = P[GTID], P[GTHREADS], P[RL]
-        nrecv = P[NRECV] if recv else 0
-        nsend = P[NSEND] if send else 0
+        nrecv, nsend, nelem = op_begin(P, nelem, recv, send)
         step_elems = fifo.shape[1] // NCCL_STEPS
-        if nelem < 0:
-            nelem = 0
         slice_size = imax(div_up(nelem, 16 * spc) * 16, step_elems * sps // 32)
         has_src, has_dst = src_ix >= 0, dst_ix >= 0
-        pre = has_src and not from_output
         offset = 0
         for _ in range(spc):
             real = imax(0, imin(slice_size, nelem - offset))
@@ -57,12 +57,7 @@ def make_simple_op(fn, premul, postdiv):
             while e < real:
                 k = 0
                 if has_src:
-                    if from_output:
-                        v = out[rl, src_ix + offset + e]
-                    else:
-                        v = inp[rl, src_ix + offset + e]
-                    if pre:
-                        v = premul(v, scal[0])
+                    v = load_src(inp, out, rl, src_ix + offset + e, from_output, scal)
                 else:
                     v = fifo[P[RECV], (P[RSTEP] % NCCL_STEPS) * step_elems + e]
                     k = 1

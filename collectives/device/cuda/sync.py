@@ -67,8 +67,7 @@ if SIMULATED:
         cuda.threadfence_system()
 
     @cuda.jit(device=True)
-    def publish(arr, i, value):
-        cuda.threadfence_system()
+    def store_relaxed(arr, i, value):
         arr[i] = value
 
     @cuda.jit(device=True)
@@ -108,14 +107,21 @@ else:  # pragma: no cover - needs a GPU
         ptx.fence_acq_rel_sys()
 
     @cuda.jit(device=True)
-    def publish(arr, i, value):
-        ptx.fence_acq_rel_sys()
+    def store_relaxed(arr, i, value):
         ptx.st_relaxed_sys(arr, i, value)
 
     @cuda.jit(device=True)
     def group_sync(bars, rl, channel, group, nthreads, failed, abort):
         """The group's named barrier (``nthreads`` a multiple of 32); True on every thread when any failed."""
         return ptx.bar_red_or(BARRIER_BASE - group, nthreads, failed)
+
+
+@cuda.jit(device=True)
+def publish(arr, i, value):
+    """``postPeer``'s publication (``fence_acq_rel_sys``, then ``st_relaxed_sys_global``): what this thread wrote
+    before is visible at system scope before ``arr[i] = value`` is."""
+    fence_sys()
+    store_relaxed(arr, i, value)
 
 
 @cuda.jit(device=True)
@@ -148,6 +154,19 @@ def spin_check(abort, t0, timeout_ns):
 
 
 @cuda.jit(device=True)
+def check_abort(spins, abort, t0, timeout_ns):
+    """``checkAbort``: count one spin of a poll; every ``SPINS`` spins, read the abort word and the deadline
+    (``spin_check``).  Returns (the new spin count, the verdict: 0 go on, 1 the launch aborted, 2 the deadline
+    passed)."""
+    spins += 1
+    verdict = 0
+    if spins >= SPINS:
+        spins = 0
+        verdict = spin_check(abort, t0, timeout_ns)
+    return spins, verdict
+
+
+@cuda.jit(device=True)
 def wait_ge(arr, i, target, abort, timeout_ns, rank, channel, step, peer, what, group):
     """The poll of one peer's head or tail: spin until ``arr[i] >= target`` (then acquire); False when the launch
     aborted (this wait's deadline, or anyone's)."""
@@ -158,12 +177,9 @@ def wait_ge(arr, i, target, abort, timeout_ns, rank, channel, step, peer, what, 
     spins = 0
     verdict = 0
     while load(arr, i) < target:
-        spins += 1
-        if spins >= SPINS:
-            spins = 0
-            verdict = spin_check(abort, t0, timeout_ns)
-            if verdict != 0:
-                break
+        spins, verdict = check_abort(spins, abort, t0, timeout_ns)
+        if verdict != 0:
+            break
         pause()
     if verdict == 2:
         set_abort(abort, rank, channel, step, peer, what, group)
