@@ -107,3 +107,15 @@ def trace(subsys: str, msg: str) -> None:
         ms = (time.monotonic() - _init()["t0"]) * 1000.0
         frame = inspect.stack()[1]
         _emit(f"{_prefix()} {ms:.6f} {frame.function}:{frame.lineno} NCCL TRACE {msg}")
+
+
+def ranges(values, sep: str = ",") -> str:
+    """Ranks (or channels) as runs: ``[3, 4, 5, 9]`` is ``3-5,9``, so a list stays one short line at any scale."""
+    values, out, i = sorted(set(values)), [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return sep.join(out)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .debug import ranges
 from .nccl_log import NcclLog, parse, parse_file
 from .nccl_log import is_nccl_log as is_log
 
@@ -93,17 +94,6 @@ def read_file(path: str) -> LogFacts:
     return _facts(parse_file(path, strict=False, on_info=seen), seen)
 
 
-def _ranges(values: list[int]) -> str:
-    values, out, i = sorted(set(values)), [], 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ",".join(out)
-
-
 def unusual(facts: LogFacts) -> list[str]:
     """What a reader should notice: missing ranks, channel counts that differ between ranks, cut lines."""
     log, out = facts.log, []
@@ -111,7 +101,7 @@ def unusual(facts: LogFacts) -> list[str]:
     if n:
         missing = sorted(set(range(n)) - facts.ranks_seen)
         if missing:
-            out.append(f"ranks {_ranges(missing)} of {n} print no comm or Trees line (missing from the log, or "
+            out.append(f"ranks {ranges(missing)} of {n} print no comm or Trees line (missing from the log, or "
                        f"the log was cut)")
     if log.trees:
         per_rank: dict[int, int] = {}
@@ -120,7 +110,7 @@ def unusual(facts: LogFacts) -> list[str]:
                 per_rank[r] = per_rank.get(r, 0) + 1
         counts = sorted(set(per_rank.values()))
         if len(counts) > 1:
-            detail = "; ".join(f"{c} channels: ranks {_ranges([r for r, k in per_rank.items() if k == c])}"
+            detail = "; ".join(f"{c} channels: ranks {ranges([r for r, k in per_rank.items() if k == c])}"
                                for c in counts)
             out.append(f"the ranks print Trees for different channel counts ({detail})")
     if len(set(facts.coll_channels.values())) > 1:
@@ -129,12 +119,12 @@ def unusual(facts: LogFacts) -> list[str]:
     if log.ring_total and log.rings and len(log.rings) != log.ring_total:
         out.append(f"rank 0 prints {len(log.rings)} of its {log.ring_total} rings")
     if log.truncated_rings:
-        out.append(f"ring lines of channels {_ranges(list(log.truncated_rings))} are cut with '...'")
+        out.append(f"ring lines of channels {ranges(list(log.truncated_rings))} are cut with '...'")
     for c, ring in sorted(log.rings.items()):
         if n and c not in log.truncated_rings and sorted(ring) != list(range(n)):
             out.append(f"channel {c}'s ring is not a permutation of the {n} ranks: {ring}")
     if len(set(log.local_ranks.values())) > 1:
-        out.append("nodes have different GPU counts (localRanks " + _ranges(list(log.local_ranks.values())) + ")")
+        out.append("nodes have different GPU counts (localRanks " + ranges(list(log.local_ranks.values())) + ")")
     if len(facts.versions) > 1:
         out.append("several NCCL versions in one log: " + ", ".join(facts.versions))
     for lineno, why in facts.bad_lines[:5]:
@@ -162,15 +152,15 @@ def report(facts: LogFacts, name: str, node_of: list[int]) -> list[str]:
     per_node = sorted(set(log.local_ranks.values()))
     lines = [f"# {name}",
              f"NCCL version: {', '.join(facts.versions) if facts.versions else 'not in the log'}",
-             f"ranks: {n}, nodes: {nnodes}, GPUs per node: {_ranges(per_node) if per_node else 'unknown'}"
+             f"ranks: {n}, nodes: {nnodes}, GPUs per node: {ranges(per_node) if per_node else 'unknown'}"
              + (f" (hosts {', '.join(sorted(set(log.host_of.values())))})" if log.host_of else "")]
     if node_of:
         by_node: dict[int, list[int]] = {}
         for r in range(min(n, len(node_of))):   # one pass: a node loop over the ranks is n x nodes
             by_node.setdefault(node_of[r], []).append(r)
-        lines.append("ranks by node: " + "; ".join(f"node {k}: {_ranges(by_node[k])}" for k in sorted(by_node)))
+        lines.append("ranks by node: " + "; ".join(f"node {k}: {ranges(by_node[k])}" for k in sorted(by_node)))
     nch = log.ring_total or len(log.rings) or len(log.trees)
-    lines.append(f"channels: {nch}" + (f" (coll channels per rank: {_ranges(list(facts.coll_channels.values()))})"
+    lines.append(f"channels: {nch}" + (f" (coll channels per rank: {ranges(list(facts.coll_channels.values()))})"
                                        if facts.coll_channels else ""))
     if log.rings:
         distinct: dict[tuple, list[int]] = {}
@@ -178,7 +168,7 @@ def report(facts: LogFacts, name: str, node_of: list[int]) -> list[str]:
             distinct.setdefault(tuple(ring), []).append(c)
         lines.append(f"rings ({len(distinct)} distinct, rank 0's Channel lines):")
         for ring, chans in distinct.items():
-            lines.append(f"  channels {_ranges(chans)}: {' '.join(map(str, ring))}")
+            lines.append(f"  channels {ranges(chans)}: {' '.join(map(str, ring))}")
     else:
         lines.append("rings: no 'Channel NN/MM :' lines (rank 0 prints them at INIT)")
     if log.transports:
@@ -192,7 +182,7 @@ def report(facts: LogFacts, name: str, node_of: list[int]) -> list[str]:
         for (a, b), vias in sorted(edges.items()):
             where = "inter-node" if node_of and max(a, b) < len(node_of) and node_of[a] != node_of[b] else \
                 "intra-node"
-            lines.append(f"  {a} -> {b} ({where}): " + "; ".join(f"{v} on channels {_ranges(cs)}"
+            lines.append(f"  {a} -> {b} ({where}): " + "; ".join(f"{v} on channels {ranges(cs)}"
                                                                  for v, cs in sorted(vias.items())))
     else:
         lines.append("transports: no 'Channel NN : a[d] -> b[d] via ...' lines (NCCL prints them at INIT)")

@@ -23,6 +23,7 @@ import argparse
 import json
 import sys
 
+from tracing.debug import ranges
 from tracing.nccl_log import TREE_PATTERNS, LogError, NcclLog, is_nccl_log, parse, parse_file
 
 from .trees import PATTERNS, connect_trees
@@ -207,16 +208,6 @@ def replay_log(log: NcclLog) -> dict:
             "communicators": log.communicators}
 
 
-def _ranges(ranks: list[int]) -> str:
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        start = r if start is None else start
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(f"{start}-{r}" if r > start else f"{r}")
-            start = None
-    return ", ".join(out)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.graph.replay", description=__doc__.split("\n")[0])
     p.add_argument("log")
@@ -234,7 +225,7 @@ def main(argv=None) -> int:
         print(f"# {len(rep['communicators'])} communicators in the log: {listed}; replaying {rep['comm']}"
               f"{'' if a.comm else ' (the largest; choose with --comm)'}")
     if rep["missing_ranks"]:
-        print(f"# ranks not in the log: {_ranges(rep['missing_ranks'])} (replaying the entries present)")
+        print(f"# ranks not in the log: {ranges(rep['missing_ranks'], ', ')} (replaying the entries present)")
     copies = rep["channels"] - rep["doubled"]
     print(f"# {a.log}: {rep['nranks']} ranks, {rep['nnodes']} nodes, {rep['channels']} channels ("
           f"{rep['doubled']} after Postset doubling{f', {copies} copied' if copies > 0 else ''}); pattern "
