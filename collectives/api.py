@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from misc.futex import address
+from collectives.misc.futex import address
 
 from .device.reduce_copy import dtype_name
 

@@ -12,7 +12,7 @@
 
 Every socket here is open to the network, so nothing received is trusted before its handshake, and nothing
 received can run code.  Each connection starts with NCCL's handshake (the magic, then ``ncclSocketTypeBootstrap``,
-``misc.listener``); a wrong, malformed or silent connection is dropped and accepting goes on.  Every message is a
+``collectives.misc.listener``); a wrong, malformed or silent connection is dropped and accepting goes on.  Every message is a
 fixed ``struct`` layout (``JOIN``, ``REPLY``, ``RING_HELLO``) or a framed payload whose size is checked against
 the bound its caller gives before anything is allocated; the typed allgathers (``allgather_struct``,
 ``allgather_array``) are what the library exchanges.  No reply carries the magic.
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from misc import sockets
-from misc.listener import SOCKET_TYPE_BOOTSTRAP, Listener, hello
-from misc.param import env_str, timeout_s
-from misc.sockets import BootstrapError
+from collectives.misc import sockets
+from collectives.misc.listener import SOCKET_TYPE_BOOTSTRAP, Listener, hello
+from collectives.misc.param import env_str, timeout_s
+from collectives.misc.sockets import BootstrapError
 from tracing import debug
 from tracing.debug import ranges
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from include.connector import Connector
-from include.device import MAXCHANNELS
+from collectives.include.connector import Connector
+from collectives.include.device import MAXCHANNELS
 from tracing import debug
 
 from .graph.rings import Ring, ring_log_line, setup_ring

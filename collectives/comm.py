@@ -16,10 +16,10 @@ import os
 
 import numpy as np
 
-from include.protocols import PROTOCOLS
-from misc.futex import address
-from misc.param import env_str
-from misc.shm_segment import ShmError
+from collectives.include.protocols import PROTOCOLS
+from collectives.misc.futex import address
+from collectives.misc.param import env_str
+from collectives.misc.shm_segment import ShmError
 from tracing import debug
 from tracing.events import from_env as tracer_from_env
 from tracing.events import now

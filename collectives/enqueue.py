@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from include.device import NCCL_STEPS
-from include.protocols import LL, LL128, PROTOCOLS, SIMPLE
+from collectives.include.device import NCCL_STEPS
+from collectives.include.protocols import LL, LL128, PROTOCOLS, SIMPLE
 
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 ALGOS = ("Tree", "Ring")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from misc.param import env_int
+from collectives.misc.param import env_int
 
 from . import enqueue
 from .device.backend import Device, DeviceError, get_device

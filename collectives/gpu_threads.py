@@ -25,7 +25,7 @@ from . import enqueue
 from collectives.device.common import CollectiveError
 from collectives.graph.rings import ring_orders
 from collectives.graph.trees import channel_trees
-from misc.param import env_int, timeout_s
+from collectives.misc.param import env_int, timeout_s
 
 from collectives.device.backend import Device, get_device
 from collectives.gpu_rank import block_threads

@@ -21,8 +21,8 @@ from typing import Callable
 
 import numpy as np
 
-from include.device import NCCL_STEPS
-from misc import sockets
+from collectives.include.device import NCCL_STEPS
+from collectives.misc import sockets
 from tracing import debug
 from tracing.hang import MISMATCH, failure_kind, report_dir, write_report
 

@@ -35,14 +35,14 @@ from datetime import timedelta
 
 from transports.net_plugin import NetError
 from transports.p2p import P2PError
-from misc.shm_segment import ShmError, sweep
+from collectives.misc.shm_segment import ShmError, sweep
 
 from .bootstrap import UniqueId, get_unique_id
 from .device.backend import DeviceError
 from .device.common import CollectiveError
-from misc import sockets
-from misc.param import env_str, timeout_s
-from misc.sockets import BootstrapError
+from collectives.misc import sockets
+from collectives.misc.param import env_str, timeout_s
+from collectives.misc.sockets import BootstrapError
 
 FAILURE_GRACE_S = 5.0
 LAUNCHER_COMM_ID = "NCCLLAB_COMM_ID"  # spawn's root address for its children; NCCL_COMM_ID stays the user's

@@ -15,11 +15,11 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from include.device import MAXCHANNELS
-from include.protocols import PROTOCOLS, PROTOS
-from misc import sockets
-from misc.param import env_int
-from misc.sockets import BootstrapError
+from collectives.include.device import MAXCHANNELS
+from collectives.include.protocols import PROTOCOLS, PROTOS
+from collectives.misc import sockets
+from collectives.misc.param import env_int
+from collectives.misc.sockets import BootstrapError
 
 from .bootstrap import NCCL_MAGIC
 from .graph.connect import max_nchannels, min_nchannels

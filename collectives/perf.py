@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from misc.param import check_env
+from collectives.misc.param import check_env
 
 from .colls import BY_CLI
 from .comm import Communicator

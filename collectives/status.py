@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from misc.shm_segment import ShmSegment
+from collectives.misc.shm_segment import ShmSegment
 
 SIZE = 8192
 MSG_OFFSET, MSG_BYTES = 64, 960

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from misc.futex import address
+from collectives.misc.futex import address
 
 from . import enqueue
 from .device import launch

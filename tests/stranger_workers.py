@@ -24,7 +24,7 @@ HELD: list = []  # the strangers' sockets stay open for the whole job
 
 
 def _inject_into_listeners(marker: str) -> None:
-    from misc import listener as lst
+    from collectives.misc import listener as lst
     original = lst.Listener.__init__
 
     def with_strangers(self, srv, magic, kind, what):

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from misc.listener import HANDSHAKE
+from collectives.misc.listener import HANDSHAKE
 
 KINDS = ("garbage", "silent", "wrong_magic", "pickle", "half")
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,8 +12,8 @@ import pytest
 
 from collectives import enqueue, reference
 from collectives.graph import connect
-from misc import param, sockets
-from misc.listener import SOCKET_TYPE_BOOTSTRAP, Listener, hello
+from collectives.misc import param, sockets
+from collectives.misc.listener import SOCKET_TYPE_BOOTSTRAP, Listener, hello
 from collectives.device.reduce_copy import RedOp, reduce_copy
 from collectives.graph import tuning
 from collectives.graph.cost_model import RING, SIMPLE, TREE, CostModel, Graph, Machine

@@ -63,7 +63,7 @@ def test_clean_mask_is_what_prevents_a_stale_line_after_wrap():
 
 TORN_WRITER = r"""
 import sys, numpy as np
-from misc.shm_segment import ShmSegment
+from collectives.misc.shm_segment import ShmSegment
 seg = ShmSegment(sys.argv[1], 1 << 16, create=False)
 w = seg.u64(0, 4096)
 cmd = sys.stdin.readline
@@ -105,7 +105,7 @@ class Writer:
 
 
 def test_torn_lines_from_another_process_are_never_accepted():
-    from misc.shm_segment import ShmSegment
+    from collectives.misc.shm_segment import ShmSegment
     seg = ShmSegment(f"nccllab-torn{os.getpid()}-x", 1 << 16, create=True)
     try:
         w = seg.u64(0, 4096)
@@ -188,8 +188,8 @@ def _ll_sender(monkeypatch, step: int):
     """A real PrimitivesLL sender over an in-memory connector (no peer needed for ``store``)."""
     from collectives.device import prims_ll
     from collectives.device.reduce_copy import RedOp
-    from include import device
-    from include.connector import Connector
+    from collectives.include import device
+    from collectives.include.connector import Connector
     monkeypatch.setattr(prims_ll, "LL_CLEAN_MASK", 0x78)
     monkeypatch.setattr(device, "LL_FLAG_MOD", 256)
     z = lambda dt: np.zeros(1, dt)  # noqa: E731

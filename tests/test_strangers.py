@@ -16,11 +16,11 @@ import pytest
 
 import strangers
 from collectives.bootstrap import JOIN, NCCL_MAGIC
-from misc import sockets
-from misc.listener import HANDSHAKE, SOCKET_TYPE_BOOTSTRAP, Listener, hello
+from collectives.misc import sockets
+from collectives.misc.listener import HANDSHAKE, SOCKET_TYPE_BOOTSTRAP, Listener, hello
 
 ROOT = Path(__file__).resolve().parent.parent
-LIBRARY = ("collectives", "transports", "tracing", "visualize", "misc", "include")
+LIBRARY = ("collectives", "transports", "tracing", "visualize")
 _env, _free_port, _rank, _finish = strangers.job_env, strangers.free_port, strangers.start_rank, strangers.finish
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from include.connector import Connector
+from collectives.include.connector import Connector
 
 
 @dataclass

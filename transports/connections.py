@@ -17,9 +17,9 @@ from __future__ import annotations
 import struct
 import time
 
-from include.device import MAXCHANNELS
-from misc.param import timeout_s
-from misc.sockets import BootstrapError
+from collectives.include.device import MAXCHANNELS
+from collectives.misc.param import timeout_s
+from collectives.misc.sockets import BootstrapError
 from tracing import debug
 
 from .base import CommInfo

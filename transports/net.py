@@ -37,11 +37,11 @@ import time
 
 import numpy as np
 
-from include.connector import Connector
-from include.device import NCCL_STEPS
-from include.protocols import PROTOCOLS, PROTOS
-from misc import futex
-from misc.param import timeout_s
+from collectives.include.connector import Connector
+from collectives.include.device import NCCL_STEPS
+from collectives.include.protocols import PROTOCOLS, PROTOS
+from collectives.misc import futex
+from collectives.misc.param import timeout_s
 from tracing import debug
 
 from .base import CommInfo, Transport

@@ -7,7 +7,7 @@ it runs only when asked for.
 """
 from __future__ import annotations
 
-from misc.param import env_str
+from collectives.misc.param import env_str
 from tracing import debug
 
 from .net_ib import IbNet

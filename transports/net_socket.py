@@ -6,12 +6,12 @@ default outside AWS and GCP), or is cut into tasks of ``max(NCCL_SOCKET_MIN_TASK
 ``NCCL_SOCKET_NTHREADS`` helper threads send round-robin over ``NCCL_NSOCKS_PERTHREAD`` data sockets each.
 Requests on one comm complete in order.  The receiver rejects a size larger than it posted ("message
 truncated") and a header beyond ``NCCL_MAX_NET_SIZE``.  All I/O is non-blocking: ``test`` moves bytes and returns.
-Interface and address: ``NCCL_SOCKET_IFNAME`` (see ``misc.sockets``).
+Interface and address: ``NCCL_SOCKET_IFNAME`` (see ``collectives.misc.sockets``).
 
 Setup is ``ncclNetSocketListen`` / ``Connect`` / ``Accept``: the listen handle carries the address, a magic, and
 the listener's socket and thread counts, which the connecting side adopts.  The sender opens the data sockets,
 then the control socket, each starting with the handshake (magic, ``ncclSocketTypeNetSocket``) and its index as one
-byte; the listener (``misc.listener``) drops any connection whose handshake or index is wrong, or that stays
+byte; the listener (``collectives.misc.listener``) drops any connection whose handshake or index is wrong, or that stays
 silent, and goes on accepting.  Deliberate difference: the magic is random per listener (NCCL's is the fixed
 ``NCCL_SOCKET_MAGIC`` unless that variable is set, which we honour), since the handle only travels over the
 bootstrap: a stranger on the network cannot present it.
@@ -25,9 +25,9 @@ import struct
 import threading
 from collections import deque
 
-from misc import sockets
-from misc.listener import SOCKET_TYPE_NET_SOCKET, Listener, hello
-from misc.param import env_int, env_str, timeout_s
+from collectives.misc import sockets
+from collectives.misc.listener import SOCKET_TYPE_NET_SOCKET, Listener, hello
+from collectives.misc.param import env_int, env_str, timeout_s
 
 from tracing import debug
 

@@ -23,8 +23,8 @@ import struct
 
 import numpy as np
 
-from misc.param import env_int
-from misc.shm_segment import ShmSegment
+from collectives.misc.param import env_int
+from collectives.misc.shm_segment import ShmSegment
 from tracing import debug
 
 from .base import CommInfo, Transport

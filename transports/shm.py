@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import re
 
-from include.connector import (DOORBELL_OFFSET, HEAD_OFFSET, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector,
+from collectives.include.connector import (DOORBELL_OFFSET, HEAD_OFFSET, SENDMEM_BYTES, SLEEP_OFFSET, TAIL_OFFSET, Connector,
                                recv_layout)
-from misc.param import env_int
-from misc.shm_segment import ShmError, ShmSegment
+from collectives.misc.param import env_int
+from collectives.misc.shm_segment import ShmError, ShmSegment
 from tracing import debug
 
 from .base import CommInfo, Transport

@@ -18,11 +18,11 @@ import os
 import time
 from typing import Callable, Iterator
 
-from misc.param import timeout_s, warn_after_s
+from collectives.misc.param import timeout_s, warn_after_s
 
 from tracing.events import now
 
-from misc import futex
+from collectives.misc import futex
 
 SPINS_BEFORE_YIELD = 4
 SPINS_BEFORE_SLEEP = 20  # oversubscribed only: sched_yield first, then sleep (measured best)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from misc.param import env_int
+from collectives.misc.param import env_int
 from tracing.events import now
 
 from . import all_gather, all_reduce, broadcast, ll_compiled, reduce, reduce_scatter

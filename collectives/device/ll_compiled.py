@@ -32,9 +32,9 @@ import numba
 import numpy as np
 from numba.extending import intrinsic
 
-from include.device import LL_CLEAN_MASK, LL_FLAG_MOD, NCCL_STEPS
-from misc import futex
-from misc.param import env_int
+from collectives.include.device import LL_CLEAN_MASK, LL_FLAG_MOD, NCCL_STEPS
+from collectives.misc import futex
+from collectives.misc.param import env_int
 from tracing import debug
 
 from .reduce_copy import CANONICAL_NAN, OPS

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from include.device import NCCL_STEPS
-from include.connector import Connector
+from collectives.include.device import NCCL_STEPS
+from collectives.include.connector import Connector
 
 from tracing.events import now
 
-from misc import futex
+from collectives.misc import futex
 from .reduce_copy import RedOp
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from include.device import LL_CLEAN_MASK, NCCL_STEPS, ll_flag
+from collectives.include.device import LL_CLEAN_MASK, NCCL_STEPS, ll_flag
 
 from . import ll_kernels as K
 from .primitives import Primitives, div_up

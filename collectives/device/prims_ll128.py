@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from include.device import NCCL_STEPS
+from collectives.include.device import NCCL_STEPS
 
 from . import ll_kernels as K
 from .primitives import div_up

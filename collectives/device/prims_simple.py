@@ -16,7 +16,7 @@ at once by writing ``head``.
 """
 from __future__ import annotations
 
-from include.device import NCCL_STEPS
+from collectives.include.device import NCCL_STEPS
 
 from .primitives import Primitives, div_up
 from .reduce_copy import reduce_copy

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from include.device import MAXCHANNELS
-from misc.param import env_int, log_once
+from collectives.include.device import MAXCHANNELS
+from collectives.misc.param import env_int, log_once
 
 from .rings import ring_log_line
 from .search import BALANCED_TREE, PATTERN_NAMES, SPLIT_TREE, TREE, Graph

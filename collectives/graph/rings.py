@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from misc.param import env_str
+from collectives.misc.param import env_str
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import os
 
 import numpy as np
 
-from misc.param import env_int
+from collectives.misc.param import env_int
 from tracing import debug
-from include.protocols import PROTOS
+from collectives.include.protocols import PROTOS
 
 FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")

@@ -5,7 +5,7 @@ data, ``reg.py`` registers memory.  Selected by ``NCCL_NET=IB`` (see ``transport
 """
 from __future__ import annotations
 
-from misc.param import env_int
+from collectives.misc.param import env_int
 
 from .. import verbs
 from ..net_plugin import NetError, NetPlugin, NetProperties

@@ -20,8 +20,8 @@ from __future__ import annotations
 import socket
 import struct
 
-from misc import sockets
-from misc.listener import SOCKET_TYPE_NET_IB, Listener, hello
+from collectives.misc import sockets
+from collectives.misc.listener import SOCKET_TYPE_NET_IB, Listener, hello
 from tracing import debug
 
 from ..net_plugin import NetError

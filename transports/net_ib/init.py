@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from misc import sockets
+from collectives.misc import sockets
 from tracing import debug
 
 from .params import IbParams

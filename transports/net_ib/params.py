@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from misc.param import env_int, env_str
+from collectives.misc.param import env_int, env_str
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import types
 
-from misc.param import env_str
+from collectives.misc.param import env_str
 from tracing import debug
 
 from . import pyverbs_shim

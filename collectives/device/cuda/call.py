@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from collectives.device.reduce_copy import RedOp
-from misc.param import timeout_s
+from collectives.misc.param import timeout_s
 
 from . import kernel as K
 from .clock import SIMULATED

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from include.device import NCCL_STEPS
+from collectives.include.device import NCCL_STEPS
 
 from .sync import ABORT_WORDS
 

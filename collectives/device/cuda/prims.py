@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from .api import cuda
 
-from include.device import NCCL_STEPS
+from collectives.include.device import NCCL_STEPS
 
 from .sync import WHAT_HEAD, group_sync, publish, wait_ge
 

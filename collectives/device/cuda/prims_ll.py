@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 from .api import cuda
 
-from include.device import NCCL_STEPS
-from include.device import LL_CLEAN_MASK, LL_FLAG_MOD
+from collectives.include.device import NCCL_STEPS
+from collectives.include.device import LL_CLEAN_MASK, LL_FLAG_MOD
 
 from .prims import CHANNEL, GROUP, GTHREADS, GTID, RANK, RECV, RL, RSTEP, SEND, SSTEP, imin, \
     make_load_src, op_begin, post_recv, wait_send

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from include.device import NCCL_STEPS
+from collectives.include.device import NCCL_STEPS
 
 from .api import cuda
 from .clock import SIMULATED, now_ns, pause

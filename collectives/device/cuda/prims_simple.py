@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from .api import cuda
 
-from include.device import NCCL_STEPS
+from collectives.include.device import NCCL_STEPS
 
 from .prims import (CHANNEL, GROUP, GTHREADS, GTID, HEAD, RANK, RECV, RL, RSTEP, SEND, SPC, SPS,
                     SSTEP, TAIL, div_up, imax, imin, make_load_src, op_begin)

@@ -12,7 +12,7 @@ import os
 import threading
 from collections import Counter
 
-from misc import sockets
+from collectives.misc import sockets
 
 from . import chaos as chaos_mod
 from . import enums as e

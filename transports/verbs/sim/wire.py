@@ -9,7 +9,7 @@ WRITE_WITH_IMM (RNR: ``min_rnr_timer`` per try, ``rnr_retry`` tries, 7 meaning f
 completion at either end implies placement.  Order: one TCP stream per HCA pair keeps each QP in order; nothing
 is promised across QPs (chaos mode reorders placement within a write).
 
-Each link starts with the lab's handshake (``misc.listener``: a magic, then the wire's socket type) before its
+Each link starts with the lab's handshake (``collectives.misc.listener``: a magic, then the wire's socket type) before its
 ``HELLO``; the HCA's listener drops any other connection and goes on accepting.  The magic is this machine's
 provider key (``wire_magic``): HCAs listen on loopback only, so the trust boundary is the host's user, as a key
 file readable by that user alone makes it.
@@ -27,10 +27,10 @@ import tempfile
 import threading
 import time
 
-from misc import sockets
-from misc.listener import SOCKET_TYPE_VERBS_WIRE, Listener, hello
-from misc.param import timeout_s
-from misc.sockets import BootstrapError
+from collectives.misc import sockets
+from collectives.misc.listener import SOCKET_TYPE_VERBS_WIRE, Listener, hello
+from collectives.misc.param import timeout_s
+from collectives.misc.sockets import BootstrapError
 
 from . import enums as e
 from .cq import WC

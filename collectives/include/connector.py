@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from misc.futex import address
+from collectives.misc.futex import address
 
 from .device import NCCL_STEPS
 from .protocols import PROTOCOLS, PROTOS

@@ -2,7 +2,7 @@
 The connector (``ncclConnInfo``) is in ``connector.py``, the protocol descriptors in ``protocols.py``."""
 from __future__ import annotations
 
-from misc.param import env_int
+from collectives.misc.param import env_int
 
 NCCL_STEPS = 8      # FIFO slots of every connection, all protocols
 MAXCHANNELS = 64    # channels per communicator
