@@ -23,7 +23,7 @@ import numpy as np
 
 import collectives
 from collectives import reference
-from collectives.launch import under_mpirun
+from collectives.job import under_mpirun
 from collectives.perf import parse_size
 
 
@@ -63,7 +63,7 @@ def main() -> int:
         os.execv(mpirun, [mpirun, "-n", str(a.nranks), sys.executable, __file__, *sys.argv[1:]])
     from mpi4py import MPI
     world = MPI.COMM_WORLD
-    if a.nodes > 1:  # as collectives.launch.spawn does: contiguous blocks of ranks per emulated node
+    if a.nodes > 1:  # as collectives.job.spawn does: contiguous blocks of ranks per emulated node
         os.environ["NCCL_HOSTID"] = f"nccllab-node{world.rank * a.nodes // world.size}"
     sizes = []
     s = a.b

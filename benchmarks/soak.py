@@ -26,7 +26,7 @@ import numpy as np
 import collectives
 from collectives.colls import COLLECTIVES
 from collectives.device.reduce_copy import DTYPES
-from collectives.launch import node_hostid, under_mpirun
+from collectives.job import node_hostid, under_mpirun
 from collectives.perf import parse_size, random_input
 
 OPS = ["sum", "prod", "min", "max", "avg"]

@@ -39,6 +39,7 @@ from .graph.presets import cpu_lab
 from .graph.rings import parse_rings, ring_orders
 from .gpu_rank import GpuRank, device_and_protocols
 from .health import Health
+from .job import install_fatal_hook, rank_env
 from .peers import buffer_sizes, exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
 
@@ -54,9 +55,6 @@ class Communicator(api.Collectives):
                  rank: int | None = None, *, rings: list[list[int]] | None = None,
                  search_channels: int | None = None, protocols: str | None = None, algorithms: str | None = None,
                  device: str | None = None):
-        # Imported here, not above: ``python -m collectives.launch`` runs that module as __main__, and the package
-        # import (collectives/__init__ -> comm) must not have imported it first.
-        from .launch import install_fatal_hook, rank_env
         install_fatal_hook()  # an uncaught error ends the whole job (MPI_Abort under mpirun)
         if unique_id is None:
             unique_id, nranks, rank = rank_env()

@@ -26,7 +26,7 @@ from .device.backend import DEVICES, DeviceError
 from .gpu_rank import check_gpu_args, gpu_protocols
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
-from .launch import emulated_node, job_size, launched, memory_available, spawn
+from .job import emulated_node, job_size, launched, memory_available, spawn
 from .peers import buffer_sizes
 
 NCCL_TESTS_TYPE = {"int8": "int8", "uint8": "uint8", "int32": "int32", "uint32": "uint32", "int64": "int64",
@@ -66,7 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON records ('-': to stdout, and the "
                                                   "table to stderr)")
     p.add_argument("--topo", metavar="XML", help="one node's topology: run with the rings, tree chains, tree "
-                   "pattern and channel count NCCL's search finds on it (python -m collectives.topo)")
+                   "pattern and channel count NCCL's search finds on it (python -m collectives.tools.topology)")
     p.add_argument("--sm", type=int, help="with --topo: compute capability of GPUs the file leaves bare")
     p.add_argument("--nvlinks", type=int, help="with --topo: NVLinks per GPU when the file has none")
     p.add_argument("--device", choices=DEVICES, default=os.environ.get("NCCLLAB_DEVICE", "").strip().lower() or "cpu",

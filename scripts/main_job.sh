@@ -79,7 +79,7 @@ python -m tracing explain "$OUT/nccl-debug.log" -o "$OUT/explain-this-run" | tai
 echo "== curves: ours and MPI's (side by side in the same processes), the tree, NCCL's cost model for this CPU"
 mpirun -n "$N" python benchmarks/allreduce_vs_mpi.py -b 8 -e 64M -f 4 ${MPI_ARGS[@]+"${MPI_ARGS[@]}"} \
   --json "$OUT/mpi.json" | tee "$OUT/mpi.txt"
-python -m collectives.tune --preset cpu --gpus "$N" -b 8 -e 64M -f 2 ${SIZE_ARGS[@]+"${SIZE_ARGS[@]}"} \
+python -m collectives.tools.tune --preset cpu --gpus "$N" -b 8 -e 64M -f 2 ${SIZE_ARGS[@]+"${SIZE_ARGS[@]}"} \
   --series "$OUT/model-cpu.json" >/dev/null
 # Our ring's line is the one measured beside MPI's (mpi.json holds both): ring.json's runner sweep shares the
 # machine with nothing to compare against, and one burst of this VM moves it by 5x (650-2,556 us at 8 B in one
@@ -88,7 +88,7 @@ INPUTS=("$OUT/mpi.json" "$OUT/tree.json" "$OUT/model-cpu.json")
 python -m visualize curves "${INPUTS[@]}" -o "$OUT/curve.png" --title "AllReduce, $N ranks on this machine"
 REAL_TESTS="$FIXTURES/nccl_tests/a3mega_2x8_h100_allreduce.txt"
 if [ -f "$REAL_TESTS" ]; then
-  python -m collectives.tune --preset dgx-h100 --nodes 2 -b 8 -e 8G -f 2 --series "$OUT/model-h100x2.json" >/dev/null
+  python -m collectives.tools.tune --preset dgx-h100 --nodes 2 -b 8 -e 8G -f 2 --series "$OUT/model-h100x2.json" >/dev/null
   python -m visualize curves "$REAL_TESTS" "$OUT/model-h100x2.json" -o "$OUT/curve-real-nccl.png" \
     --title "real NCCL (2x8 H100) against NCCL's cost model"
 fi

@@ -15,7 +15,7 @@ NCCLLAB_TRACE="$TMP/tree" python -m collectives.tree -g 8 --nodes 4 -b 1M -e 1M 
 python -m visualize trees "$TMP/tree" -o "$TMP/trees" --title "double binary tree, 4 nodes x 2 ranks (BALANCED_TREE)"
 # A sweep of ours against MPI on 2 ranks, with NCCL's cost model for this CPU.
 mpirun -n 2 python benchmarks/allreduce_vs_mpi.py -b 8 -e 16M -f 4 --json "$TMP/bench.json" >/dev/null
-python -m collectives.tune --preset cpu --gpus 2 -b 8 -e 16M -f 4 --series "$TMP/model.json" >/dev/null
+python -m collectives.tools.tune --preset cpu --gpus 2 -b 8 -e 16M -f 4 --series "$TMP/model.json" >/dev/null
 python -m visualize curves "$TMP/bench.json" "$TMP/model.json" -o "$TMP/curve.png" --title "AllReduce, 2 ranks on 2 cores"
 for f in topology chunk-flow trees curve; do cp "$TMP/$f.png" "docs/$f.png"; done
 ls -la docs/*.png

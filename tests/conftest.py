@@ -66,9 +66,9 @@ def no_shm_leak():
 def run_ranks(nranks: int, worker: str, *args: str, env: dict | None = None, timeout: float = 240,
               check: bool = True, nodes: int = 1, script: str = "workers.py") -> subprocess.CompletedProcess:
     """Run tests/SCRIPT WORKER (default tests/workers.py) as ``nranks`` real ranks through
-    collectives.launch.spawn (``nodes`` > 1: per-rank NCCL_HOSTID, so the nodes talk over the NET transport)."""
+    collectives.job.spawn (``nodes`` > 1: per-rank NCCL_HOSTID, so the nodes talk over the NET transport)."""
     full_env = {**os.environ, "NCCLLAB_TIMEOUT": "30", "NCCL_SOCKET_IFNAME": "lo", **(env or {})}
-    code = ("import sys; from collectives.launch import spawn; "
+    code = ("import sys; from collectives.job import spawn; "
             f"sys.exit(spawn({nranks}, [{str(ROOT / 'tests' / script)!r}, *sys.argv[1:]], nodes={nodes}))")
     proc = subprocess.run([sys.executable, "-c", code, worker, *args], env=full_env, capture_output=True,
                           text=True, timeout=timeout)

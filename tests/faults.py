@@ -93,7 +93,7 @@ def _command(kind: str, launcher: str, nranks: int, args: list) -> list[str]:
     if launcher == "mpirun":
         cmd = [MPIRUN, "-n", str(nranks), *args]
     else:
-        code = ("import sys; from collectives.launch import spawn; "
+        code = ("import sys; from collectives.job import spawn; "
                 f"sys.exit(spawn({nranks}, sys.argv[1:], nodes={nodes}))")
         cmd = [sys.executable, "-c", code, *args[1:]]
     if kind == "shm_full":  # a private, nearly full /dev/shm: room for MPI and the status pages, not the FIFOs

@@ -1,8 +1,8 @@
 """Rank programs for whole-job tests (``tests/test_mpirun.py``, ``tests/test_faults.py``):
-``mpirun -n N python tests/job_workers.py NAME [args]``, or through ``collectives.launch.spawn``.
+``mpirun -n N python tests/job_workers.py NAME [args]``, or through ``collectives.job.spawn``.
 
 Under mpirun each rank sets its emulated node from its MPI rank (``NCCL_HOSTID``, contiguous blocks, as
-``collectives.launch.spawn`` does) before the communicator reads it, so inter-node peers use the NET transport
+``collectives.job.spawn`` does) before the communicator reads it, so inter-node peers use the NET transport
 and its proxy thread.  The last argument of every program is a job token that only marks the command line, so
 that a test can find any process of the job left behind.
 """

@@ -122,7 +122,7 @@ def test_main_job_hands_the_runner_flags_to_every_run_and_plots_the_side_by_side
     assert (last(ring, "-b"), last(ring, "--maxbytes"), last(ring, "--coll")) == ("8", "1M", "allgather")
     mpi = one("mpirun", "benchmarks/allreduce_vs_mpi.py")
     assert (last(mpi, "-b"), last(mpi, "-e"), last(mpi, "-n"), last(mpi, "--coll")) == ("8", "1M", "3", None), mpi
-    tune = one("collectives.tune", "--preset", "cpu")
+    tune = one("collectives.tools.tune", "--preset", "cpu")
     assert (last(tune, "-b"), last(tune, "-e"), last(tune, "-n")) == ("8", "1M", None), tune
     curve = one("visualize", "curves", f"{out}/curve.png")
     inputs = curve[curve.index("curves") + 1:curve.index("-o")]

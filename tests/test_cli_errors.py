@@ -24,8 +24,8 @@ def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([PY, "-m", *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout)
 
 
-MAINS = {"tracing": "tracing.__main__", "visualize": "visualize.__main__", "collectives.topo": "collectives.topo",
-         "collectives.tune": "collectives.tune", "collectives.graph.replay": "collectives.graph.replay"}
+MAINS = {"tracing": "tracing.__main__", "visualize": "visualize.__main__", "collectives.tools.topology": "collectives.tools.topology",
+         "collectives.tools.tune": "collectives.tools.tune", "collectives.graph.replay": "collectives.graph.replay"}
 
 
 @pytest.fixture
@@ -197,19 +197,19 @@ def test_a_bad_nvlink_target_is_one_line(tmp_path, call):
     text = (ROOT / "topologies" / "dgx1-like.xml").read_text()
     bad = tmp_path / "bad.xml"
     bad.write_text(text.replace('target="0000:07:00.0" count="1"', 'target="0000:77:00.0" count="1"', 1))
-    one_line_error(cli("collectives.topo", str(bad)), "reverse")
-    one_line_error(call("collectives.tune", "--topo", str(bad), "-b", "1M", "-e", "1M"), "reverse")
+    one_line_error(cli("collectives.tools.topology", str(bad)), "reverse")
+    one_line_error(call("collectives.tools.tune", "--topo", str(bad), "-b", "1M", "-e", "1M"), "reverse")
     notbus = tmp_path / "notbus.xml"
     notbus.write_text(text.replace('target="0000:07:00.0" count="1"', 'target="zz:07" count="1"', 1))
-    one_line_error(call("collectives.topo", str(notbus)), "not a PCI bus id")
-    one_line_error(call("collectives.tune", "--topo", str(notbus), "-b", "1M", "-e", "1M"), "not a PCI bus id")
+    one_line_error(call("collectives.tools.topology", str(notbus)), "not a PCI bus id")
+    one_line_error(call("collectives.tools.tune", "--topo", str(notbus), "-b", "1M", "-e", "1M"), "not a PCI bus id")
 
 
 def test_sixty_four_gpus_search_without_recursion_error(tmp_path):
     """The search recursed once per GPU per channel in Python (a RecursionError from 64 GPUs); it is iterative."""
     xml = tmp_path / "g64.xml"
     xml.write_text(topo_xml(64))
-    proc = cli("collectives.topo", str(xml), "--brief", timeout=240)
+    proc = cli("collectives.tools.topology", str(xml), "--brief", timeout=240)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert re.search(r"# ring graph: RING, \d+ channels", proc.stdout)
     assert "[63] NCCL INFO Trees" in proc.stdout
@@ -219,8 +219,8 @@ def test_nccl_xml_node_limit_refuses_ten_thousand_gpus_at_once(tmp_path, call):
     """NCCL's parser holds NCCL_TOPO_XML_MAX_NODES (256) nodes and fails past them; 10,000 GPUs never ended."""
     xml = tmp_path / "g10k.xml"
     xml.write_text(topo_xml(10_000))
-    one_line_error(cli("collectives.topo", str(xml), timeout=60), "256")
-    one_line_error(call("collectives.tune", "--topo", str(xml)), "256")
+    one_line_error(cli("collectives.tools.topology", str(xml), timeout=60), "256")
+    one_line_error(call("collectives.tools.tune", "--topo", str(xml)), "256")
     one_line_error(call("visualize", "topo", str(xml), "-o", str(tmp_path / "m")), "256")
 
 
@@ -230,7 +230,7 @@ def test_xml_beyond_what_ncclS_parser_can_hold_is_refused_by_size(tmp_path, call
         f.write(topo_xml(8).replace("</system>", ""))
         f.write(("<!-- " + "x" * 1000 + " -->\n") * 6000)
         f.write("</system>\n")
-    one_line_error(call("collectives.topo", str(xml)), "MiB")
+    one_line_error(call("collectives.tools.topology", str(xml)), "MiB")
 
 
 def test_no_user_file_is_unpickled():
@@ -346,5 +346,5 @@ def test_topo_refuses_a_big_file_fast_and_small(tmp_path):
     xml = tmp_path / "big.xml"
     with open(xml, "w") as f:
         f.write(topo_xml(8).replace("</system>", "") + ("<!-- " + "y" * 10_000 + " -->\n") * 20_000 + "</system>\n")
-    r = probe(tmp_path, "collectives.topo:main", str(xml))
+    r = probe(tmp_path, "collectives.tools.topology:main", str(xml))
     assert r["rc"] == 2 and r["s"] < 5 and r["peak_kb"] - r["base_kb"] < 50_000, r

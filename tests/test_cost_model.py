@@ -105,7 +105,7 @@ def test_dgx_h100_large_ring_simple_prediction_within_10_percent_of_published():
 
 def test_tune_cli_json_and_series(tmp_path):
     series = tmp_path / "s.json"
-    proc = subprocess.run([sys.executable, "-m", "collectives.tune", "--preset", "dgx-h100", "-b", "1G", "-e", "1G",
+    proc = subprocess.run([sys.executable, "-m", "collectives.tools.tune", "--preset", "dgx-h100", "-b", "1G", "-e", "1G",
                            "--json", "-", "--series", str(series)], capture_output=True, text=True, cwd=ROOT,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -119,7 +119,7 @@ def test_tune_cli_json_and_series(tmp_path):
 
 
 def test_tune_cli_explicit_machine():
-    proc = subprocess.run([sys.executable, "-m", "collectives.tune", "--nodes", "2", "--gpus", "4", "--cc", "80",
+    proc = subprocess.run([sys.executable, "-m", "collectives.tools.tune", "--nodes", "2", "--gpus", "4", "--cc", "80",
                            "--intra", "PIX", "--ring-channels", "2", "--ring-bw", "10", "-b", "8", "-e", "8"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -97,7 +97,7 @@ def test_cuda_arrays_are_checked_by_device_pointer():
 
 def test_two_ranks_refuse_and_run_in_place():
     env = {**os.environ, "NCCLLAB_TIMEOUT": "30", "NCCL_SOCKET_IFNAME": "lo"}
-    code = ("import sys; from collectives.launch import spawn; "
+    code = ("import sys; from collectives.job import spawn; "
             f"sys.exit(spawn(2, [{str(ROOT / 'tests' / 'overlap_workers.py')!r}, 'refuse_and_place']))")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"rc {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

@@ -132,14 +132,14 @@ def test_launcher_cli_runs_a_script(tmp_path):
                       "with collectives.Communicator() as c:\n"
                       "    y = c.all_reduce(np.ones(3, np.float32))\n"  # one write per line: ranks share stdout
                       "    os.write(1, f'rank {c.rank} of {c.nranks} nodes {c.nnodes} {float(y[0])}\\n'.encode())\n")
-    proc = subprocess.run([sys.executable, "-m", "collectives.launch", "-g", "3", "--nodes", "2", str(script)],
+    proc = subprocess.run([sys.executable, "-m", "collectives.tools.launcher", "-g", "3", "--nodes", "2", str(script)],
                           env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert sorted(ln for ln in proc.stdout.splitlines() if ln.startswith("rank")) == \
         [f"rank {r} of 3 nodes 2 3.0" for r in range(3)]
-    missing = subprocess.run([sys.executable, "-m", "collectives.launch", "-g", "2", "nope.py"], env=ENV,
+    missing = subprocess.run([sys.executable, "-m", "collectives.tools.launcher", "-g", "2", "nope.py"], env=ENV,
                              capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert missing.returncode == 2 and missing.stderr.strip() == "python -m collectives.launch: nope.py: no such file"
+    assert missing.returncode == 2 and missing.stderr.strip() == "python -m collectives.tools.launcher: nope.py: no such file"
 
 
 def test_lab_help_deletes_nothing(tmp_path):

@@ -1,4 +1,4 @@
-"""NCCL's topology search (collectives.graph.topo_xml/topo/paths/search/connect, collectives.topo): the shared
+"""NCCL's topology search (collectives.graph.topo_xml/topo/paths/search/connect, collectives.tools.topology): the shared
 fixtures line for line, and small hand-written machines whose answer follows from NCCL's rules."""
 import re
 import subprocess
@@ -12,7 +12,7 @@ from collectives.graph.init_topo import run_topology
 from collectives.graph.search import BALANCED_TREE, RING, TREE
 from collectives.graph.topo import GPU, NET, NVS, PATH_NVB, PATH_NVL, PATH_PHB, PATH_PIX, PATH_PXB, PATH_SYS, f32
 from collectives.graph.topo_xml import StandIns, TopoError
-from collectives.topo import render
+from collectives.tools.topology import render
 from conftest import FIXTURES, ROOT
 
 TOPO = FIXTURES / "topo"
@@ -224,7 +224,7 @@ def test_cli_bad_input_is_one_line_and_nonzero(tmp_path):
     path.write_text('<system version="1"><cpu numaid="0" arch="x86_64" vendor="AuthenticAMD"><pci '
                     'busid="0000:10:00.0" class="0x030200" link_speed="16.0 GT/s PCIe"><gpu sm="90"/></pci></cpu>'
                     '</system>')
-    proc = subprocess.run([sys.executable, "-m", "collectives.topo", str(path)], cwd=ROOT, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "collectives.tools.topology", str(path)], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "link_width" in proc.stderr and "Traceback" not in proc.stderr

@@ -79,7 +79,7 @@ def test_tune_topo_takes_the_searched_graph():
     assert (m.ring.n_channels, m.ring.bw_intra, m.ring.type_intra, m.ring.type_inter) == (12, 30.0, "NVL", "PIX")
     assert (m.tree.n_channels, m.tree.bw_intra, m.max_tree_pattern) == (12, 30.0, 1)
     assert m.comm_channels == 24 and m.min_comp_cap == 90 and m.cpu_vendor == "intel"
-    proc = subprocess.run([sys.executable, "-m", "collectives.tune", "--topo", str(NDV5), "--sm", "90", "-b", "1G",
+    proc = subprocess.run([sys.executable, "-m", "collectives.tools.tune", "--topo", str(NDV5), "--sm", "90", "-b", "1G",
                            "-e", "1G"], env=ENV, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "ring 12 x 30 GB/s, tree 12 x 30 GB/s" in proc.stdout.splitlines()[0]

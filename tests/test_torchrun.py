@@ -90,23 +90,23 @@ def test_torchrun_environment_without_torch_is_one_line():
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "torch" in lines[0] and "collectives.launch" in lines[0], proc.stderr
+    assert len(lines) == 1 and "torch" in lines[0] and "collectives.tools.launcher" in lines[0], proc.stderr
 
 
 def test_nccl_comm_id_under_torchrun_is_nccls(monkeypatch):
     """With a user's NCCL_COMM_ID, torchrun's ranks take NCCL's id of that address: no store, no torch."""
-    from collectives import launch
+    from collectives import job
 
     def no_store(*args):
         raise AssertionError("the store was used")
-    monkeypatch.setattr(launch, "install_fatal_hook", lambda: None)  # keep pytest's own hooks
-    monkeypatch.setattr(launch, "_torchrun_store", no_store)
+    monkeypatch.setattr(job, "install_fatal_hook", lambda: None)  # keep pytest's own hooks
+    monkeypatch.setattr(job, "_torchrun_store", no_store)
     for var in ("NCCLLAB_RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
         monkeypatch.delenv(var, raising=False)
     for var, value in {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1",
                        "NCCL_COMM_ID": "10.1.2.3:5000"}.items():
         monkeypatch.setenv(var, value)
-    uid, nranks, rank = launch.rank_env()
+    uid, nranks, rank = job.rank_env()
     assert (uid.host, uid.port, nranks, rank) == ("10.1.2.3", 5000, 2, 1)
     assert os.environ["NCCL_COMM_ID"] == "10.1.2.3:5000"
 
@@ -116,7 +116,7 @@ def test_nccl_comm_id_reaches_the_ranks_and_hosts_the_root():
     rank, and means NCCL's: rank 0 hosts the bootstrap root at that address."""
     port = free_port()
     env = {**ENV, "NCCL_COMM_ID": f"127.0.0.1:{port}"}
-    proc = subprocess.run([sys.executable, "-m", "collectives.launch", "-g", "2", SCRIPT], env=env,
+    proc = subprocess.run([sys.executable, "-m", "collectives.tools.launcher", "-g", "2", SCRIPT], env=env,
                           capture_output=True, text=True, timeout=90, cwd=ROOT)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     for line in ok_lines(proc.stdout, 2).values():
@@ -136,8 +136,8 @@ def test_a_second_ctrl_c_while_a_rank_reports_the_first_is_ignored():
     """The cause of ``Error in sys.excepthook``: a second SIGINT (the launcher's forward, the terminal's copy, a
     second press) handled while the rank's except hook runs.  Here it arrives exactly then, every time."""
     code = ("import os, signal, sys\n"
-            "from collectives import launch\n"
-            "launch.install_fatal_hook()\n"
+            "from collectives import job\n"
+            "job.install_fatal_hook()\n"
             "hook = sys.excepthook\n"
             "def late(*exc):\n"
             "    os.kill(os.getpid(), signal.SIGINT)\n"

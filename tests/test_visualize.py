@@ -97,7 +97,7 @@ def test_curves_from_nccl_tests_our_json_and_model(tmp_path):
     ours.write_text(json.dumps([{"size": 1024 * 2 ** i, "algbw": 0.1 * i + .05, "busbw": 0.15 * i + .05,
                                  "nranks": 2, "coll": "AllReduce", "placement": "out-of-place"} for i in range(8)]))
     model = tmp_path / "model.json"
-    subprocess.run([sys.executable, "-m", "collectives.tune", "--preset", "dgx-h100", "-b", "1K", "-e", "1G", "-f", "8",
+    subprocess.run([sys.executable, "-m", "collectives.tools.tune", "--preset", "dgx-h100", "-b", "1K", "-e", "1G", "-f", "8",
                     "--series", str(model)], check=True, capture_output=True, cwd=ROOT, timeout=60)
     inputs = [str(ours), str(DATA / "all_reduce_perf_218.txt"), str(model)]
     labels = [s["label"] for p in inputs for s in curves.load_series(p)]

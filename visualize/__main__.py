@@ -66,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--max-channels", type=int, default=8, help="rings of at most this many channels (default 8)")
     q.add_argument("--max-rings", type=int, default=4, help="trees of at most this many rings (default 4)")
     kind("explain", ("NCCL_LOG", "a real NCCL_DEBUG=INFO log"), "output folder: report.txt and the diagrams")
-    q = kind("curves", ("INPUT", "runner --json files, nccl-tests text output, series JSON (MPI, collectives.tune "
+    q = kind("curves", ("INPUT", "runner --json files, nccl-tests text output, series JSON (MPI, collectives.tools.tune "
                         "--series); any mix"), "the PNG to write")
     q.add_argument("--skip", action="append", default=[], metavar="TEXT", help="leave out series whose label "
                    "contains TEXT (repeatable; default: none), e.g. a measurement given twice")

@@ -4,7 +4,7 @@
   per file, launcher prefixes, interleaved logs); its legend says ``nodes x GPUs`` per node when the output lists
   the ranks' hosts;
 * series files ``{"label": ..., "points": [{"size", "busbw", "algbw"?}]}``: MPI baselines from
-  ``benchmarks/allreduce_vs_mpi.py --json`` and the cost model's prediction from ``collectives.tune --series``.
+  ``benchmarks/allreduce_vs_mpi.py --json`` and the cost model's prediction from ``collectives.tools.tune --series``.
 
 nccl-tests text is streamed (``nccl_tests.parse_file``); JSON is read whole up to ``MAX_JSON_BYTES``, and a JSON
 that is neither rows nor series is one line of error.  More than ``MAX_SERIES`` series (a paste of hundreds of

@@ -40,7 +40,7 @@ def _from_topology(name: str, m: Machine) -> Machine:
     ring, tree, comm_channels = found
     file = PRESET_TOPOLOGIES[name][0]
     return Machine(**{**m.__dict__, "ring": ring, "tree": tree, "comm_channels": comm_channels,
-                      "sources": {**m.sources, "graph": f"NCCL's search (collectives.topo) over topologies/{file}; "
+                      "sources": {**m.sources, "graph": f"NCCL's search (collectives.tools.topology) over topologies/{file}; "
                                                         f"published logs agree: " + m.sources.get("graph", "")}})
 
 SOURCES = {

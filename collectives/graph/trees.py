@@ -8,7 +8,7 @@ with the indices set by the pattern: TREE (0,0), BALANCED_TREE (1,0), SPLIT_TREE
 uses TREE.  ``down[]`` is [intra-node child, inter-node child d0, inter-node child d1] (existing ones only).
 Channel c uses tree 0 and channel c + nChannels (the Postset copy) tree 1.
 Without a topology search the chain is the channel's ring order restricted to the node.  The tree graph of a
-topology search (``python -m collectives.topo``, ``--topo``) may order it differently; its chains are given per
+topology search (``python -m collectives.tools.topology``, ``--topo``) may order it differently; its chains are given per
 channel like rings: ``NCCLLAB_TREE_CHAINS="0 1 2 3|..."`` (channel c uses chain ``c % len``), restricted per node.
 """
 from __future__ import annotations

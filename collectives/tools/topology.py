@@ -1,8 +1,8 @@
-"""``python -m collectives.topo TOPO.xml``: NCCL's topology search for one node, printed as NCCL prints it.
+"""``python -m collectives.tools.topology TOPO.xml``: NCCL's topology search for one node, printed as NCCL prints it.
 
-    python -m collectives.topo topologies/ndv5-topo.xml --sm 90
-    python -m collectives.topo my-dump.xml --nranks 4            # an NCCL_TOPO_DUMP_FILE output
-    python -m collectives.topo my-dump.xml --brief               # only the graphs and channels
+    python -m collectives.tools.topology topologies/ndv5-topo.xml --sm 90
+    python -m collectives.tools.topology my-dump.xml --nranks 4            # an NCCL_TOPO_DUMP_FILE output
+    python -m collectives.tools.topology my-dump.xml --brief               # only the graphs and channels
 
 Runs the steps of ``initTransportsRank`` (``collectives.graph.init_topo``) with the XML's GPUs as ranks 0..N-1 in
 PCI order, and prints NCCL's INFO lines: ``=== System ...`` with the node tree and paths (``ncclTopoPrint``),
@@ -19,10 +19,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .graph.connect import channel_lines, rank_lines, tree_lines
-from .graph.init_topo import TopoResult, run_topology
-from .graph.search import PATTERN_NAMES
-from .graph.topo_xml import StandIns, TopoError, dump_xml
+from collectives.graph.connect import channel_lines, rank_lines, tree_lines
+from collectives.graph.init_topo import TopoResult, run_topology
+from collectives.graph.search import PATTERN_NAMES
+from collectives.graph.topo_xml import StandIns, TopoError, dump_xml
 
 
 def summary(r: TopoResult) -> list[str]:
@@ -55,7 +55,7 @@ def render(r: TopoResult, brief: bool = False, ranks: list[int] | None = None) -
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m collectives.topo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m collectives.tools.topology", description=__doc__.split("\n")[0])
     p.add_argument("xml", help="topology XML (NCCL_TOPO_FILE / NCCL_TOPO_DUMP_FILE format)")
     p.add_argument("--nranks", type=int, help="ranks = the first N GPUs in PCI order (default: all)")
     p.add_argument("--sm", type=int, help="compute capability of GPUs the file does not describe, e.g. 90")
@@ -70,12 +70,12 @@ def main(argv=None) -> int:
     try:
         r = run_topology(a.xml, a.nranks, stand, nvls=a.nvls)
         if a.dump_xml:
-            from .graph.topo_xml import fused_xml, load_xml
+            from collectives.graph.topo_xml import fused_xml, load_xml
             text = dump_xml(fused_xml(load_xml(a.xml), len(r.system.nodes[0]), stand))
             with open(a.dump_xml, "w") as f:
                 f.write(text)
     except (TopoError, NotImplementedError, ValueError) as e:
-        print(f"python -m collectives.topo: {e}", file=sys.stderr)
+        print(f"python -m collectives.tools.topology: {e}", file=sys.stderr)
         return 2
     try:
         for line in render(r, a.brief):

@@ -1,9 +1,9 @@
-"""``python -m collectives.tune``: NCCL's cost model for a machine, size by size, with the reason for each choice.
+"""``python -m collectives.tools.tune``: NCCL's cost model for a machine, size by size, with the reason for each choice.
 
-    python -m collectives.tune --preset dgx-h100 -b 8 -e 1G -f 4
-    python -m collectives.tune --nodes 2 --gpus 8 --cc 90 --intra NVL --ring-channels 12 --ring-bw 30 -b 1G -e 1G
-    python -m collectives.tune --preset dgx-a100 --coll allgather --json rows.json --series h100.json
-    python -m collectives.tune --topo topologies/azure-ndv5-topo.xml --sm 90 -b 8 -e 1G -f 4
+    python -m collectives.tools.tune --preset dgx-h100 -b 8 -e 1G -f 4
+    python -m collectives.tools.tune --nodes 2 --gpus 8 --cc 90 --intra NVL --ring-channels 12 --ring-bw 30 -b 1G -e 1G
+    python -m collectives.tools.tune --preset dgx-a100 --coll allgather --json rows.json --series h100.json
+    python -m collectives.tools.tune --topo topologies/azure-ndv5-topo.xml --sm 90 -b 8 -e 1G -f 4
 
 For every size it prints the predicted time and bus bandwidth of each (algorithm, protocol), marks the winner
 (``topoGetAlgoInfo``'s strict minimum) and says which term decides: the latency or the bandwidth, and by how
@@ -16,22 +16,22 @@ import argparse
 import json
 import sys
 
-from .graph import tuning
-from .graph.cost_model import CostModel, Graph, Machine
-from .graph.presets import PRESETS, preset
-from .colls import BY_CLI, COLLECTIVES
-from .perf import parse_size, sizes
+from collectives.graph import tuning
+from collectives.graph.cost_model import CostModel, Graph, Machine
+from collectives.graph.presets import PRESETS, preset
+from collectives.colls import BY_CLI, COLLECTIVES
+from collectives.perf import parse_size, sizes
 
 
 def machine_from_args(a) -> Machine:
     if a.topo:
-        from .graph.init_topo import run_topology
-        from .graph.topo_feed import machine
-        from .graph.topo_xml import StandIns, TopoError
+        from collectives.graph.init_topo import run_topology
+        from collectives.graph.topo_feed import machine
+        from collectives.graph.topo_xml import StandIns, TopoError
         if (a.nodes or 1) > 1 or a.preset:
             raise TopoError("--topo describes one node by itself (no --preset; the multi-node search is not ported)")
         r = run_topology(a.topo, a.gpus, StandIns(sm=a.sm, nvlinks=a.nvlinks))
-        return machine(r, f"topology {a.topo}", {"graph": f"NCCL's search over {a.topo} (python -m collectives.topo "
+        return machine(r, f"topology {a.topo}", {"graph": f"NCCL's search over {a.topo} (python -m collectives.tools.topology "
                                                         f"{a.topo}{f' --sm {a.sm}' if a.sm else ''})"})
     if a.preset:
         m = preset(a.preset, nodes=a.nodes or 1, nranks=a.gpus or 8)
@@ -75,7 +75,7 @@ def predict(model: CostModel, func: str, nbytes: int) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m collectives.tune", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m collectives.tools.tune", description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS))
     p.add_argument("--topo", metavar="XML", help="take the graphs from NCCL's search over this one-node topology")
     p.add_argument("--sm", type=int, help="with --topo: compute capability of GPUs the file leaves bare")
@@ -108,7 +108,7 @@ def main(argv=None) -> int:
                 raise ValueError(f"--{flag} {getattr(a, flag)}: must be at least 1")
         machine = machine_from_args(a)
     except ValueError as e:   # TopoError is a ValueError; bad presets too
-        print(f"python -m collectives.tune: {e}", file=sys.stderr)
+        print(f"python -m collectives.tools.tune: {e}", file=sys.stderr)
         return 2
     model = CostModel(machine, a.proto, a.algo)
     func = BY_CLI[a.coll].name

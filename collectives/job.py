@@ -1,4 +1,5 @@
-"""Starting ranks: read mpirun/torchrun/launcher environments, or spawn local ranks ourselves.
+"""A job's ranks: how each finds its place (mpirun, torchrun or our launcher's environment), and how our
+launcher starts them (``spawn``, behind ``python -m collectives.tools.launcher`` and the runner's ``-g N``).
 
 How each rank gets its unique id mirrors NCCL's ``ncclGetUniqueId`` (``src/init.cc`` → ``bootstrapGetUniqueId``,
 ``src/bootstrap.cc``) and its ``NCCL_COMM_ID`` handling: a user's ``NCCL_COMM_ID=host:port`` is never replaced,
@@ -33,16 +34,16 @@ import time
 import traceback
 from datetime import timedelta
 
+from collectives.misc import sockets
+from collectives.misc.param import env_str, timeout_s
+from collectives.misc.shm_segment import ShmError, sweep
+from collectives.misc.sockets import BootstrapError
 from transports.net_plugin import NetError
 from transports.p2p import P2PError
-from collectives.misc.shm_segment import ShmError, sweep
 
 from .bootstrap import UniqueId, get_unique_id
 from .device.backend import DeviceError
 from .device.common import CollectiveError
-from collectives.misc import sockets
-from collectives.misc.param import env_str, timeout_s
-from collectives.misc.sockets import BootstrapError
 
 FAILURE_GRACE_S = 5.0
 LAUNCHER_COMM_ID = "NCCLLAB_COMM_ID"  # spawn's root address for its children; NCCL_COMM_ID stays the user's
@@ -175,7 +176,7 @@ def _launcher_id() -> UniqueId:
     addr, magic = env_str(LAUNCHER_COMM_ID), env_str("NCCLLAB_COMM_MAGIC")
     if not addr or not magic:
         raise BootstrapError(f"NCCLLAB_RANK is set but not {LAUNCHER_COMM_ID} and NCCLLAB_COMM_MAGIC (or "
-                             "NCCL_COMM_ID): start the ranks with python -m collectives.launch -g N")
+                             "NCCL_COMM_ID): start the ranks with python -m collectives.tools.launcher -g N")
     host, port = sockets.parse_addr(addr)
     return UniqueId(host, port, int(magic, 0))
 
@@ -196,7 +197,8 @@ def _torchrun_store(rank: int, nranks: int):
     except ImportError:
         raise BootstrapError("RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set (torchrun's environment), and "
                              "torchrun's store carries the unique id, but torch is not importable: pip install "
-                             "torch, or start the ranks with python -m collectives.launch -g N (or mpirun)") from None
+                             "torch, or start the ranks with python -m collectives.tools.launcher -g N (or "
+                             "mpirun)") from None
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     timeout = timedelta(seconds=timeout_s())
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True)
@@ -255,7 +257,7 @@ def rank_env() -> tuple[UniqueId, int, int]:
             raise BootstrapError(f"RANK and WORLD_SIZE are set but not {' and '.join(missing)}: run under "
                                  "torchrun, which sets all four, or set NCCL_COMM_ID=host:port")
         return _store_unique_id(rank, nranks), nranks, rank
-    raise RuntimeError("no launcher environment: run under mpirun, or use collectives.launch.spawn")
+    raise RuntimeError("no launcher environment: run under mpirun, or use collectives.job.spawn")
 
 
 def _free_port(addr: str) -> int:
@@ -342,28 +344,3 @@ def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1)
                 p.wait()
         sweep(f"{magic:012x}"[-12:])
     return rc or next((p.returncode for p in procs if p.returncode), 0)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m collectives.launch -g N [--nodes K] script.py args...``: run a script as N local ranks, as
-    mpirun would; in it, ``collectives.Communicator()`` finds its rank in the environment."""
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m collectives.launch", description=main.__doc__.split(":", 1)[1].strip(),
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("-g", "--nranks", "-n", dest="nranks", type=int, default=2, help="ranks to start")
-    p.add_argument("--nodes", type=int, default=1, help="emulated nodes (per-rank NCCL_HOSTID): NET between them")
-    p.add_argument("script", help="the Python script every rank runs")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
-    a = p.parse_args(argv)
-    if a.nranks < 1 or not 1 <= a.nodes <= a.nranks:
-        print(f"python -m collectives.launch: need -g >= 1 and 1 <= --nodes <= -g (got -g {a.nranks} --nodes "
-              f"{a.nodes})", file=sys.stderr)
-        return 2
-    if not os.path.isfile(a.script):
-        print(f"python -m collectives.launch: {a.script}: no such file", file=sys.stderr)
-        return 2
-    return spawn(a.nranks, [a.script, *a.args], nodes=a.nodes)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
