@@ -15,7 +15,8 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.perf import parse_size, sizes, timed_rounds
+from collectives.perf.args import parse_size, sizes
+from timing import timed_rounds
 
 
 

@@ -14,7 +14,8 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.perf import parse_size, timed_rounds
+from collectives.perf.args import parse_size
+from timing import timed_rounds
 
 PROTOS = ("LL", "LL128", "Simple")
 

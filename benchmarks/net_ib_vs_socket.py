@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives  # noqa: E402
 from collectives.bootstrap import UNIQUE_ID_BYTES, get_unique_id  # noqa: E402
 from collectives.job import launched, spawn  # noqa: E402
-from collectives.perf import parse_size  # noqa: E402
+from collectives.perf.args import parse_size  # noqa: E402
 from transports.net import NetState  # noqa: E402
 
 COUNTERS = ("sends", "recvs", "cts", "data_wrs", "imm_wrs", "qps", "unaligned")

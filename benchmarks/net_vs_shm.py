@@ -20,7 +20,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives  # noqa: E402
 from collectives.job import node_hostid, under_mpirun  # noqa: E402
-from collectives.perf import parse_size, timed_rounds  # noqa: E402
+from collectives.perf.args import parse_size  # noqa: E402
+from timing import timed_rounds  # noqa: E402
 
 
 

@@ -22,9 +22,9 @@ import time
 import numpy as np
 
 import collectives
-from collectives import reference
+from collectives.perf import reference
 from collectives.job import under_mpirun
-from collectives.perf import parse_size
+from collectives.perf.args import parse_size
 
 
 def timed(fn, iters: int, world) -> float:

@@ -9,7 +9,7 @@ cost model's choice), ``NCCL_ALGO`` (Ring, Tree for AllReduce, or the model's ch
 (1 or 2, doubled by Postset).  Each collective draws its function, size (0 B to ``--max-bytes``, log-uniform),
 type, op, root and placement; inputs are fresh random numbers (every rank derives every rank's input from the
 shared seed, so no data moves to check), outputs are poisoned, and the result is compared bitwise with
-``collectives.reference``.  Between two collectives the rank does MPI calls (one of them mpi4py's lowercase
+``collectives.perf.reference``.  Between two collectives the rank does MPI calls (one of them mpi4py's lowercase
 ``allreduce``, which keeps the GIL while it waits) and pure-Python work.  A hang ends the job through
 NCCLLAB_TIMEOUT and MPI_Abort; the last line reports collectives, wrong results and hangs.
 """
@@ -24,10 +24,11 @@ import time
 import numpy as np
 
 import collectives
-from collectives.colls import COLLECTIVES
+from collectives.perf.colls import COLLECTIVES
 from collectives.device.reduce_copy import DTYPES
 from collectives.job import node_hostid, under_mpirun
-from collectives.perf import parse_size, random_input
+from collectives.perf.args import parse_size
+from collectives.perf.runner import random_input
 
 OPS = ["sum", "prod", "min", "max", "avg"]
 PROTOS = ["Simple", "LL", "LL128", ""]

@@ -31,13 +31,14 @@ from . import api, enqueue
 from .bootstrap import Bootstrap, UniqueId
 from .channels import log_channels, postset
 from .device import launch, ll_compiled
+from .device.backend import device_and_protocols
 from .device.common import CollectiveError, Kernel
 from .device.reduce_copy import OPS, dtype_name, reduce_copy
 from .graph import tuning
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 from .graph.rings import parse_rings, ring_orders
-from .gpu_rank import GpuRank, device_and_protocols
+from .gpu_rank import GpuRank
 from .health import Health
 from .job import install_fatal_hook, rank_env
 from .peers import buffer_sizes, exchange
@@ -264,7 +265,7 @@ class Communicator(api.Collectives):
         return plan
 
     def reference_config(self, func: str, count: int, dtype) -> dict:
-        """What ``collectives.reference`` needs to reproduce this call (the protocol depends on its size)."""
+        """What ``collectives.perf.reference`` needs to reproduce this call (the protocol depends on its size)."""
         plan = self.plan(func, count, dtype)
         return {"rings": self.rings, "nchannels": self.nchannels, "proto": plan.proto, "algo": plan.algo,
                 "buffsize": self.buff_sizes[plan.proto], "trees": self.tree_table(),

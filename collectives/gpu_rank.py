@@ -21,14 +21,8 @@ import numpy as np
 from collectives.misc.param import env_int
 
 from . import enqueue
-from .device.backend import Device, DeviceError, get_device
+from .device.backend import Device, DeviceError
 from .device.common import CollectiveError
-
-
-def gpu_protocols(device: str, text: str) -> str:
-    """``NCCL_PROTO`` for the GPU kernels: ``^LL128`` when unset (NCCL enables LL128 by itself only on paths it
-    has validated, ``tuning.cc``; the lab's topology is not one), else as given (LL128 named: it runs)."""
-    return text if text.strip() else "^LL128"
 
 
 def block_threads(tuning, plan) -> int:
@@ -36,28 +30,6 @@ def block_threads(tuning, plan) -> int:
     communicator's ``enqueue.Tuning``), at most NCCL_MAX_NTHREADS (640)."""
     nbytes = plan.elt_size * enqueue.max_send_recv_count(plan.func, tuning.nranks, plan.count)
     return min(640, enqueue.topo_get_algo_info(tuning, plan.algo, plan.proto, nbytes)[1] * 32)
-
-
-def check_gpu_args(device: str, threads: bool, nodes: int, under_mpirun: bool) -> str | None:
-    """What a runner can refuse before any rank starts, one line or None (``NCCL_PROTO``: ``gpu_protocols``)."""
-    if device == "cpu":
-        return "--threads runs the GPU kernels: add --device cuda or --device cudasim" if threads else None
-    if nodes > 1:
-        return f"--nodes {nodes}: the GPU kernels (--device {device}) connect one node's ranks (P2P), not NET"
-    if threads and under_mpirun:
-        return "--threads starts every rank in this process: run it without mpirun"
-    if device == "cuda":
-        import importlib.util
-        missing = [m for m in ("cupy", "numba") if importlib.util.find_spec(m) is None]
-        if missing:
-            return f"--device cuda needs {' and '.join(missing)} (pip install -e .[gpu])"
-    return None
-
-
-def device_and_protocols(name: str | None, proto_text: str) -> tuple[Device, str]:
-    """The communicator's device (``--device`` / ``NCCLLAB_DEVICE``) and the ``NCCL_PROTO`` its kernels can run."""
-    device = get_device(name)
-    return device, proto_text if device.name == "cpu" else gpu_protocols(device.name, proto_text)
 
 
 class GpuRank:

@@ -5,7 +5,7 @@ Flags as nccl-tests: ``-b -e -f -n -w -c -d -o -r``, plus ``--coll`` and ``--jso
 """
 import sys
 
-from .perf import main
+from .perf.main import main
 
 if __name__ == "__main__":
     sys.exit(main("collectives.ring"))

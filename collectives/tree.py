@@ -10,7 +10,7 @@ construction and diffs them against the log's own (``collectives.graph.replay``)
 import os
 import sys
 
-from .perf import main
+from .perf.main import main
 
 if __name__ == "__main__":
     argv = sys.argv[1:]

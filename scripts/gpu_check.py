@@ -23,7 +23,7 @@ Steps, in this order (the slow ones last; ``--steps`` picks some, keeping the or
    ``P2P/IPC``) and a cuMem allocation passed as a POSIX file descriptor (cuda-bindings, NCCL's ``P2P/CUMEM``);
 4. ``copy_rate``: device-to-device copy rate, the bound of the busbw sweep;
 5. ``bitwise``: ranks as threads (``collectives/gpu_threads.py``), N = 2 and 4, the five ring collectives and Tree
-   AllReduce, Simple, LL and LL128, against ``collectives.reference``, bit for bit;
+   AllReduce, Simple, LL and LL128, against ``collectives.perf.reference``, bit for bit;
 6. ``sweep``: Ring AllReduce busbw per size for Simple, LL and LL128 (N = 2 and 4, 16 channels) against the copy
    bound (copy rate / N), and LL against Simple below 64 KiB (kernel times from CUDA events);
 7. ``real_nccl``: torch's NCCL on the same GPU (N = 2 and 4 processes), forced NCCL_ALGO / NCCL_PROTO /
@@ -468,11 +468,11 @@ def _inputs(rng, n, count, dtype):
 
 def step_bitwise(dev, args, out: Path, res: Result) -> None:
     import ml_dtypes
-    from collectives.colls import COLLECTIVES
+    from collectives.perf.colls import COLLECTIVES
     from collectives.device.common import CollectiveError
     from collectives.gpu_threads import ThreadComm
-    from collectives.perf import count_wrong
-    from collectives.perf_threads import reference_config
+    from collectives.perf.runner import count_wrong
+    from collectives.perf.threads import reference_config
     nch = 1 if args.small else 2
     ns = (2,) if args.small else (2, 4)
     counts = (1001,) if args.small else (0, 1001, 3000, (1 << 20) + 5, (8 << 20) + 3)
@@ -622,11 +622,11 @@ def nccl_env(n: int, port: int, multi: bool, extra: dict) -> list[dict]:
 def nccl_config_rows(n: int, algo: str, proto: str, counts, nch: int, version: tuple, multi: bool, port: int,
                      logdir: Path, deadline: float, worker: str = _NCCL_WORKER) -> list[dict]:
     """One forced configuration of real NCCL on this GPU: n rank processes all-reduce the same inputs; the rows
-    compare every rank's output bit for bit with ``collectives.reference`` for the rings and trees in its log.
+    compare every rank's output bit for bit with ``collectives.perf.reference`` for the rings and trees in its log.
     The n processes share one deadline (a hung group costs ``deadline``, not n times it); a group that fails or
     times out gives one row saying so, and no output of it is read."""
-    from collectives import reference
-    from collectives.perf import count_wrong
+    from collectives.perf import reference
+    from collectives.perf.runner import count_wrong
     from tracing import nccl_log
     tag = f"n{n}_{algo}_{proto}"
     with tempfile.TemporaryDirectory() as d:
@@ -935,7 +935,7 @@ def _text(rep: dict) -> str:
         elif name == "copy_rate" and "GBps" in step:
             lines.append(f"  {step['GBps']} GB/s: {step.get('note')}")
         elif name == "bitwise":
-            lines.append(f"  ranks as threads against collectives.reference, bit for bit: {step.get('wrong', '?')} "
+            lines.append(f"  ranks as threads against collectives.perf.reference, bit for bit: {step.get('wrong', '?')} "
                          f"wrong "
                          f"elements in {len(step.get('rows', []))} configurations (N {step.get('ranks')}, "
                          f"{step.get('channels')} channel(s), counts {step.get('counts')})")
@@ -958,7 +958,7 @@ def _text(rep: dict) -> str:
                              f"{r['Simple_us']} us ({'LL faster' if r['LL_faster'] else 'Simple faster'})")
         elif name == "real_nccl":
             lines.append(f"  NCCL {step.get('nccl', '-')} {step.get('mode', '')}: each forced configuration against "
-                         f"collectives.reference (rings and trees from its log, {step.get('reference_follows', '-')} "
+                         f"collectives.perf.reference (rings and trees from its log, {step.get('reference_follows', '-')} "
                          f"split), bit for bit")
             for r in step.get("rows", []):
                 lines.append(f"  {r['config']} count {r.get('count', '-')}: {r['status']} "

@@ -52,7 +52,7 @@ def net_progress(iters: str, count: str, _token: str = "") -> None:
     lowercase ``allreduce`` keeps the GIL while it waits), an MPI barrier, and pure-Python work.  NCCL's proxy
     progresses whatever the user's thread does next; so must ours."""
     set_node(2)
-    from collectives import reference
+    from collectives.perf import reference
 
     comm = collectives.Communicator(protocols="Simple", algorithms="Ring")
     x = np.random.default_rng([3, comm.rank]).uniform(-1, 1, int(count)).astype(np.float32)

@@ -16,7 +16,7 @@ import numpy as np
 
 import collectives
 import strangers
-from collectives import reference
+from collectives.perf import reference
 from collectives.bootstrap import UniqueId
 from workers import independent_config
 

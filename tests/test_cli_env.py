@@ -54,8 +54,8 @@ def test_bad_numeric_variable_under_mpirun_is_one_line(name, value, says):
 @pytest.mark.parametrize("name,value,says", BAD)
 def test_every_bad_value_is_caught_by_the_argument_check(name, value, says, monkeypatch):
     """The same check in-process, for every variable and value (the command line costs seconds a case)."""
-    from collectives import perf
+    from collectives.perf.args import build_parser, check_args
     monkeypatch.setenv(name, value)
-    args = perf.build_parser("collectives.ring").parse_args(["-b", "8", "-e", "8"])
-    problem = perf.check_args(args, 2)
+    args = build_parser("collectives.ring").parse_args(["-b", "8", "-e", "8"])
+    problem = check_args(args, 2)
     assert problem and problem.startswith(f"{name}=") and says in problem and value in problem, problem

@@ -5,7 +5,8 @@ import random
 import numpy as np
 import pytest
 
-from collectives import enqueue, reference
+from collectives import enqueue
+from collectives.perf import reference
 from collectives.device.reduce_copy import RedOp, post_div
 from collectives.graph.rings import parse_rings, ring_log_line, setup_ring
 

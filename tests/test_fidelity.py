@@ -10,7 +10,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from collectives import enqueue, reference
+from collectives import enqueue
+from collectives.perf import reference
 from collectives.graph import connect
 from collectives.misc import param, sockets
 from collectives.misc.listener import SOCKET_TYPE_BOOTSTRAP, Listener, hello

@@ -298,7 +298,7 @@ def test_a_failed_nccl_group_is_a_row_not_an_exception(gpu_check, tmp_path):
 
 _REFERENCE_WORKER = r"""
 import os, sys, numpy as np
-from collectives import reference
+from collectives.perf import reference
 d, rank, n = sys.argv[1], int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 for name in sorted(f for f in os.listdir(d) if f.startswith(f"in_r{rank}_")):
     tail = name.split("_", 2)[2]

@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from collectives import reference
+from collectives.perf import reference
 from collectives.device.backend import DeviceError, get_device
 
 DEV = get_device("cudasim")  # before anything imports numba.cuda for a real GPU

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from collectives import reference
+from collectives.perf import reference
 from conftest import run_ranks
 from tracing import export, hang
 

@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from collectives import enqueue, reference
+from collectives import enqueue
+from collectives.perf import reference
 from collectives.graph.trees import channel_trees, connect_trees
 from workers import Case
 from conftest import FIXTURES, ROOT, run_ranks

@@ -11,9 +11,9 @@ import time
 import numpy as np
 
 import collectives
-from collectives import reference
-from collectives.colls import BY_CLI
-from collectives.perf import random_input
+from collectives.perf import reference
+from collectives.perf.colls import BY_CLI
+from collectives.perf.runner import random_input
 from collectives.device.reduce_copy import DTYPES
 
 BIG_PRIME = 1_000_003

@@ -176,3 +176,15 @@ def get_device(name: str | None = None) -> Device:
         raise DeviceError(f"device cuda needs cupy and numba-cuda (pip install -e .[gpu]): {exc}") from None
     except Exception as exc:  # cupy raises its own runtime errors when there is no driver
         raise DeviceError(f"device cuda unusable here: {str(exc).splitlines()[0]}") from None
+
+
+def gpu_protocols(device: str, text: str) -> str:
+    """``NCCL_PROTO`` for the GPU kernels: ``^LL128`` when unset (NCCL enables LL128 by itself only on paths it
+    has validated, ``tuning.cc``; the lab's topology is not one), else as given (LL128 named: it runs)."""
+    return text if text.strip() else "^LL128"
+
+
+def device_and_protocols(name: str | None, proto_text: str) -> tuple[Device, str]:
+    """The communicator's device (``--device`` / ``NCCLLAB_DEVICE``) and the ``NCCL_PROTO`` its kernels can run."""
+    device = get_device(name)
+    return device, proto_text if device.name == "cpu" else gpu_protocols(device.name, proto_text)

@@ -19,8 +19,8 @@ import sys
 from collectives.graph import tuning
 from collectives.graph.cost_model import CostModel, Graph, Machine
 from collectives.graph.presets import PRESETS, preset
-from collectives.colls import BY_CLI, COLLECTIVES
-from collectives.perf import parse_size, sizes
+from collectives.perf.colls import BY_CLI, COLLECTIVES
+from collectives.perf.args import parse_size, sizes
 
 
 def machine_from_args(a) -> Machine:

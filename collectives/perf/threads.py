@@ -2,7 +2,7 @@
 process, NCCL ``src/transport/p2p.cc``'s ``via P2P/direct pointer``), the way to run several ranks on one GPU.
 
 ``ThreadsRunner`` is ``perf.Runner`` over ``collectives/gpu_threads.py``'s ``ThreadComm``: the same sizes, the same
-table and JSON, the same bitwise check against ``collectives.reference`` (fresh inputs, outputs poisoned with 0xA5).
+table and JSON, the same bitwise check against ``collectives.perf.reference`` (fresh inputs, outputs poisoned with 0xA5).
 Each size is prepared once and timed by relaunching it, so the time is the kernels' (every rank's stream on
 ``cuda``; one launch of all ranks in the simulator).  The algorithm and protocol are the cost model's choice (or
 ``NCCL_ALGO``/``NCCL_PROTO``), as in the process path.
@@ -15,15 +15,16 @@ import struct
 
 import numpy as np
 
-from . import enqueue
-from .graph.cost_model import CostModel
-from .graph.presets import cpu_lab
-from .gpu_rank import gpu_protocols
-from .perf import Runner, count_wrong, random_input
+from collectives import enqueue
+from collectives.graph.cost_model import CostModel
+from collectives.graph.presets import cpu_lab
+from collectives.device.backend import gpu_protocols
+
+from .runner import Runner, count_wrong, random_input
 
 
 def reference_config(tc, proto: str, algo: str) -> dict:
-    """What ``collectives.reference`` needs to reproduce a call on ``tc`` (``Communicator.reference_config``'s
+    """What ``collectives.perf.reference`` needs to reproduce a call on ``tc`` (``Communicator.reference_config``'s
     counterpart): its rings, channels and trees, and the call's protocol and algorithm."""
     return {"rings": tc.rings, "nchannels": tc.nch, "proto": proto, "algo": algo, "buffsize": tc.buff[proto],
             "trees": [{q: (t.up, list(t.down)) for q, t in tc.trees[c].items()} for c in range(tc.nch)]}
@@ -105,9 +106,9 @@ class ThreadsRunner(Runner):
 
 def run_threads(args, nranks: int) -> int:
     """The sweep with ``nranks`` ranks as threads of this process on ``args.device``; 1 if any element was wrong."""
-    from .device.backend import get_device
+    from collectives.device.backend import get_device
     dev = get_device(args.device)  # before numba.cuda is imported: the simulator is decided there
-    from .gpu_threads import ThreadComm
+    from collectives.gpu_threads import ThreadComm
     nch = int(os.environ.get("NCCL_MAX_NCHANNELS", "0") or 0) or (1 if dev.name == "cudasim" else 16)
     tc = ThreadComm(nranks, nch, dev)
     runner = ThreadsRunner(ThreadsComm(tc), args)
