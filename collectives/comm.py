@@ -8,7 +8,7 @@ channel (``setupChannel``), the Postset doubling (channel c + n: ring c with tre
 A collective: check the arguments, publish its signature, choose algorithm and protocol (the cost model), split it
 across channels (``enqueue.schedule_coll``), and run each channel's algorithm (``device/*.run_ring``,
 ``all_reduce.run_tree_split``) over the protocol's primitives in one kernel; on a GPU device (``--device``) that
-kernel is the rank's persistent GPU kernel (``gpu_rank``), connected by P2P.
+kernel is the rank's persistent GPU kernel (``device/cuda/rank.py``), connected by P2P.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import os
 
 import numpy as np
 
-from collectives.include.protocols import PROTOCOLS
+from collectives.include.protocols import buffer_sizes
 from collectives.misc.futex import address
 from collectives.misc.param import env_str
 from collectives.misc.shm_segment import ShmError
@@ -29,23 +29,36 @@ from transports.p2p import pool_of
 
 from . import api, enqueue
 from .bootstrap import Bootstrap, UniqueId
-from .channels import log_channels, postset
+from .channels import init_channels, log_channels
 from .device import launch, ll_compiled
 from .device.backend import device_and_protocols
 from .device.common import CollectiveError, Kernel
+from .device.cuda.rank import GpuRank
 from .device.reduce_copy import OPS, dtype_name, reduce_copy
 from .graph import tuning
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
 from .graph.rings import parse_rings, ring_orders
-from .gpu_rank import GpuRank
+from .graph.trees import tree_table
 from .health import Health
 from .job import install_fatal_hook, rank_env
-from .peers import buffer_sizes, exchange
+from .peers import exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
 
 
 DESTROYED = "communicator was destroyed"  # what any call after destroy() raises (RuntimeError)
+
+
+def reference_config(plan: enqueue.Plan, rings: list, trees: list, buff_sizes: dict,
+                     search_channels: int | None = None) -> dict:
+    """What ``collectives.perf.reference`` needs to reproduce a call planned as ``plan`` on these rings and trees;
+    ``search_channels``: the search's channel count, from which the reference applies NCCL's thread rule.  The
+    process path (``Communicator``) and the GPU threads mode (``perf/threads_runner.py``) both describe calls with it."""
+    config = {"rings": rings, "nchannels": len(rings), "proto": plan.proto, "algo": plan.algo,
+              "buffsize": buff_sizes[plan.proto], "trees": tree_table(trees)}
+    if search_channels is not None:
+        config["search_channels"] = search_channels
+    return config
 
 
 class Communicator(api.Collectives):
@@ -87,7 +100,7 @@ class Communicator(api.Collectives):
         self.buff_sizes = buffer_sizes()
         proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
         algo_text = algorithms if algorithms is not None else os.environ.get("NCCL_ALGO", "")
-        self.device, proto_text = device_and_protocols(device, proto_text)  # a GPU device: gpu_rank's kernels
+        self.device, proto_text = device_and_protocols(device, proto_text)  # a GPU device: device/cuda/rank.py's kernels
         tuning.protocol_table(proto_text)  # a bad NCCL_PROTO / NCCL_ALGO fails at init, on every rank
         tuning.algorithm_table(algo_text)
         peers = exchange(self.bootstrap, self.rank, self.nranks, uid.magic, self.buff_sizes, rings, search_channels,
@@ -102,7 +115,7 @@ class Communicator(api.Collectives):
         orders = ring_orders(self.nranks, peers.search_channels, self.peer_info[0]["rings"], node_of=self.node_of_rank)
         # the same on every rank (checked above), as NCCL's allgather of the search's results
         self.search_channels = len(orders)
-        self.channels, self.trees, self.channel_origin = postset(
+        self.channels, self.trees, self.channel_origin = init_channels(
             orders, self.node_of_rank, self.peer_info[0]["tree_pattern"], self.rank,
             min(p["max_channels"] for p in self.peer_info), max(p["min_channels"] for p in self.peer_info))
         self.nchannels = len(self.channels)
@@ -256,24 +269,17 @@ class Communicator(api.Collectives):
         if plan is None:
             if len(self._plans) > 4096:
                 self._plans.clear()
-            nbytes = key[2] * enqueue.max_send_recv_count(func, self.nranks, count)
-            algo, proto, predicted = self.cost_model.choose(func, nbytes)
-            if debug.enabled("TRACE", "COLL"):  # topoGetAlgoInfo prints the ids
-                debug.trace("COLL", f"{nbytes} Bytes -> Algo {enqueue.ALGOS.index(algo)} proto "
-                                    f"{PROTOCOLS[proto].id} time {predicted:f}")
-            plan = self._plans[key] = enqueue.schedule_coll(self.tuning, func, count, key[2], algo, proto)
+            plan = self._plans[key] = enqueue.plan_coll(self.tuning, self.cost_model.choose, func, count, key[2])
         return plan
 
     def reference_config(self, func: str, count: int, dtype) -> dict:
         """What ``collectives.perf.reference`` needs to reproduce this call (the protocol depends on its size)."""
-        plan = self.plan(func, count, dtype)
-        return {"rings": self.rings, "nchannels": self.nchannels, "proto": plan.proto, "algo": plan.algo,
-                "buffsize": self.buff_sizes[plan.proto], "trees": self.tree_table(),
-                "search_channels": self.machine.ring.n_channels}  # the reference applies NCCL's thread rule
+        return reference_config(self.plan(func, count, dtype), self.rings, self.trees, self.buff_sizes,
+                                self.machine.ring.n_channels)
 
     def tree_table(self) -> list[dict]:
         """Every channel's tree as plain data: ``[{rank: (up, [down...])}]`` (trace metadata, reference model)."""
-        return [{r: (t.up, list(t.down)) for r, t in tree.items()} for tree in self.trees]
+        return tree_table(self.trees)
 
     @property
     def rings(self) -> list[list[int]]:

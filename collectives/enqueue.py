@@ -5,6 +5,8 @@
 * ``schedule_coll`` (``scheduleCollTasksToPlan`` + ``ncclCollCbdPart``): the continuous-byte-distribution split
   of the element space into one contiguous part per channel, each with its own chunk count.
 AllGather and Broadcast are counted in bytes (NCCL retypes them as int8 in ``collTaskAppend``).
+* ``plan_coll``: the cost model's algorithm and protocol for the call's size, then ``schedule_coll`` (what
+  ``ncclPrepareTasks`` does per task); the communicator and the GPU threads mode both plan through it.
 * ``ring_calls`` / ``tree_calls`` (``ncclProxySaveOp``): the steps each NET connection moves in one collective.
 """
 from __future__ import annotations
@@ -13,20 +15,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collectives.include.device import NCCL_STEPS
+from collectives.include.bitops import div_up
+from collectives.include.device import FUNCS, NCCL_MAX_NTHREADS, NCCL_STEPS, WARP_SIZE
 from collectives.include.protocols import LL, LL128, PROTOCOLS, SIMPLE
+from tracing import debug
 
-FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 ALGOS = ("Tree", "Ring")
 CHUNKSTEPS = {"AllReduce": 4, "AllGather": 4, "ReduceScatter": 4, "Broadcast": 1, "Reduce": 1}
 SLICESTEPS = {"AllReduce": 2, "AllGather": 2, "ReduceScatter": 2, "Broadcast": 1, "Reduce": 1}
 MIN_TRAFFIC_PER_CHANNEL = 32 << 10
-WARP_SIZE = 32
-NCCL_MAX_NTHREADS = 640
-
-
-def div_up(a: int, b: int) -> int:
-    return (a + b - 1) // b
 
 
 def traffic_per_byte(func: str, nranks: int) -> int:
@@ -116,6 +113,9 @@ class Plan:
     count: int          # in elt_size units
     n_max_channels: int
     works: tuple        # ChannelWork per channel used
+    n_warps: int = 0    # topoGetAlgoInfo's nWarps: the GPU kernels' block size (a CPU kernel has no use for it)
+    chunk_steps: int = 1  # calcCollChunking's chunkSteps and sliceSteps (several only for Ring/Simple)
+    slice_steps: int = 1
 
     @property
     def nchannels(self) -> int:
@@ -129,9 +129,10 @@ def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "
         count, elt_size = count * elt_size, 1
     n = t.nranks
     nbytes = elt_size * max_send_recv_count(func, n, count)
-    n_max_ch, _ = topo_get_algo_info(t, algo, proto, nbytes)  # nWarps: the block size, no use on a CPU
+    n_max_ch, n_warps = topo_get_algo_info(t, algo, proto, nbytes)
+    steps = PROTOCOLS[proto].chunk_slice_steps(algo, CHUNKSTEPS[func], SLICESTEPS[func])
     if count == 0:
-        return Plan(func, algo, proto, elt_size, 0, n_max_ch, ())
+        return Plan(func, algo, proto, elt_size, 0, n_max_ch, (), n_warps, *steps)
     tpb = traffic_per_byte(func, n) * (4 if PROTOCOLS[proto] is LL else 1)
     task_traffic = count * elt_size * tpb
     comm_channels = t.nchannels
@@ -172,7 +173,19 @@ def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "
         chunk_count = calc_coll_chunking(t, func, algo, proto, global_bytes * part) // grain * elts_per_grain
         works.append(ChannelWork(channel_id + c, offset, part, chunk_count, count))
         offset += part
-    return Plan(func, algo, proto, elt_size, count, n_max_ch, tuple(works))
+    return Plan(func, algo, proto, elt_size, count, n_max_ch, tuple(works), n_warps, *steps)
+
+
+def plan_coll(t: Tuning, choose, func: str, count: int, elt_size: int) -> Plan:
+    """``func`` of ``count`` elements planned as ``ncclPrepareTasks`` does: ``choose`` (the cost model's
+    ``CostModel.choose``: bytes -> algorithm, protocol, predicted time) picks for ``ncclFuncMaxSendRecvCount``'s
+    bytes, then ``schedule_coll`` splits the call into channels and chunks."""
+    nbytes = elt_size * max_send_recv_count(func, t.nranks, count)
+    algo, proto, predicted = choose(func, nbytes)
+    if debug.enabled("TRACE", "COLL"):  # topoGetAlgoInfo prints the ids
+        debug.trace("COLL", f"{nbytes} Bytes -> Algo {ALGOS.index(algo)} proto {PROTOCOLS[proto].id} "
+                            f"time {predicted:f}")
+    return schedule_coll(t, func, count, elt_size, algo, proto)
 
 
 def ring_calls(func: str, nranks: int, work: ChannelWork, user_ranks, root: int) -> tuple[int, int]:
@@ -201,11 +214,6 @@ def tree_calls(work: ChannelWork, tree) -> tuple[dict, dict]:
         return {}, {}
     peers = list(tree.down) + ([tree.up] if tree.up != -1 else [])
     return {p: loops for p in peers}, {p: loops for p in peers}
-
-
-def chunk_slice_steps(plan: Plan) -> tuple[int, int]:
-    """``calcCollChunking``'s chunkSteps and sliceSteps of a plan (several only for Ring/Simple)."""
-    return PROTOCOLS[plan.proto].chunk_slice_steps(plan.algo, CHUNKSTEPS[plan.func], SLICESTEPS[plan.func])
 
 
 def proxy_steps(plan: Plan, channels: list, nranks: int, root: int, chunk_steps: int) -> list[tuple]:

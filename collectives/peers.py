@@ -16,9 +16,8 @@ import struct
 from dataclasses import dataclass
 
 from collectives.include.device import MAXCHANNELS
-from collectives.include.protocols import PROTOCOLS, PROTOS
+from collectives.include.protocols import PROTOS
 from collectives.misc import sockets
-from collectives.misc.param import env_int
 from collectives.misc.sockets import BootstrapError
 
 from .bootstrap import NCCL_MAGIC
@@ -108,17 +107,6 @@ def decode_peer_info(raw: bytes, nranks: int, rank: int) -> dict:
     flat = struct.unpack_from(f"<{nrings * nranks}i", raw, pos)
     info["rings"] = [list(flat[i * nranks:(i + 1) * nranks]) for i in range(nrings)] or None
     return info
-
-
-def buffer_sizes() -> dict:
-    """``computeBuffSizes``: each protocol's ``NCCL_*BUFFSIZE`` or its default.  NCCL accepts any value; below one
-    chunk it would divide by zero, so that is an error here."""
-    sizes = {p.name: env_int(p.buff_env, p.default_buff_size) for p in PROTOCOLS.values()}
-    for p in PROTOCOLS.values():
-        if sizes[p.name] < p.min_buff_size:
-            raise ValueError(f"{p.buff_env}={sizes[p.name]} is too small: {p} needs at least {p.min_buff_size} "
-                             f"bytes")
-    return sizes
 
 
 def _tag(magic: int) -> str:

@@ -50,7 +50,7 @@ def new_task(comm, func: str, count: int, dtype: np.dtype, op: str, root: int) -
     task = Task(func, count, name, root, RedOp(name, np.dtype(dtype), comm.nranks), code, signature,
                 np.array((0, *signature), np.int64), plan)
     if plan is not None:
-        task.chunk_steps, task.slice_steps = enqueue.chunk_slice_steps(plan)
+        task.chunk_steps, task.slice_steps = plan.chunk_steps, plan.slice_steps
         if comm.conns is not None and comm.conns.proxied:
             task.counts = enqueue.proxy_steps(plan, comm.channels, comm.nranks, root, task.chunk_steps)
     return task

@@ -22,7 +22,7 @@ Steps, in this order (the slow ones last; ``--steps`` picks some, keeping the or
 3. ``ipc``: CUDA IPC between two processes (cupy's ``ipcGetMemHandle`` / ``ipcOpenMemHandle``, NCCL's
    ``P2P/IPC``) and a cuMem allocation passed as a POSIX file descriptor (cuda-bindings, NCCL's ``P2P/CUMEM``);
 4. ``copy_rate``: device-to-device copy rate, the bound of the busbw sweep;
-5. ``bitwise``: ranks as threads (``collectives/gpu_threads.py``), N = 2 and 4, the five ring collectives and Tree
+5. ``bitwise``: ranks as threads (``collectives/device/cuda/threads.py``), N = 2 and 4, the five ring collectives and Tree
    AllReduce, Simple, LL and LL128, against ``collectives.perf.reference``, bit for bit;
 6. ``sweep``: Ring AllReduce busbw per size for Simple, LL and LL128 (N = 2 and 4, 16 channels) against the copy
    bound (copy rate / N), and LL against Simple below 64 KiB (kernel times from CUDA events);
@@ -256,11 +256,12 @@ def compile_one(spec: str, result: Path) -> int:  # pragma: no cover - needs a G
     res.update({"kernel": spec})
     try:
         from collectives.device.backend import get_device
-        from collectives.gpu_threads import ThreadComm
+        from collectives.device.cuda.threads import ThreadComm
+        from collectives.perf.threads_runner import schedule
         dev = get_device("cuda")
         comm = ThreadComm(4, 16, dev)
         xs = [np.zeros(1 << 22, _np_dtype(dtype))] * 4  # numpy: cupy has no bfloat16 (staged as its bits)
-        launch = comm.prepare(func, xs, proto=proto)
+        launch = comm.prepare(func, xs, schedule(comm, func, xs, proto))
         comm.rank_args(launch)  # compiles, then occupancy.check_launch (raises the one-line refusal)
         res.update(launch.residency, nthreads=launch.nthreads, status="ok",
                    fits=f"4 ranks x {launch.nch} channels resident at once")
@@ -470,9 +471,9 @@ def step_bitwise(dev, args, out: Path, res: Result) -> None:
     import ml_dtypes
     from collectives.perf.colls import COLLECTIVES
     from collectives.device.common import CollectiveError
-    from collectives.gpu_threads import ThreadComm
+    from collectives.device.cuda.threads import ThreadComm
     from collectives.perf.runner import count_wrong
-    from collectives.perf.threads import reference_config
+    from collectives.perf.threads_runner import config_of, schedule
     nch = 1 if args.small else 2
     ns = (2,) if args.small else (2, 4)
     counts = (1001,) if args.small else (0, 1001, 3000, (1 << 20) + 5, (8 << 20) + 3)
@@ -490,14 +491,15 @@ def step_bitwise(dev, args, out: Path, res: Result) -> None:
                         root = i % n
                         xs = _inputs(rng, n, count * n if func == "ReduceScatter" else count, dtype)
                         try:
-                            outs = comm.run(func, xs, proto=proto, algo=algo, root=root)
+                            plan = schedule(comm, func, xs, proto, algo)
+                            outs = comm.run(func, xs, plan, root=root)
                         except CollectiveError as exc:  # the connections' steps are lost: start afresh
                             error, wrong = str(exc), wrong + 1
                             comm = ThreadComm(n, nch, dev)
                             break
                         for r in range(n):
                             want = COLLECTIVES[func].reference(xs, r, "sum", root,
-                                                               **reference_config(comm, proto, algo))
+                                                               **config_of(comm, plan))
                             if want is None:  # Reduce leaves a non-root's output alone
                                 wrong += int(np.any(outs[r].view(np.uint8) != 0xA5))
                                 continue
@@ -512,7 +514,8 @@ def step_bitwise(dev, args, out: Path, res: Result) -> None:
 
 # --- 6. busbw sweep -------------------------------------------------------------------------------------------
 def step_sweep(dev, args, out: Path, res: Result) -> None:
-    from collectives.gpu_threads import ThreadComm
+    from collectives.device.cuda.threads import ThreadComm
+    from collectives.perf.threads_runner import schedule
     if args.small:
         sizes, ll_sizes, nch, reps, ns = [4096], [1024], 1, 1, (2,)
     else:  # pragma: no cover - needs a GPU
@@ -535,7 +538,7 @@ def step_sweep(dev, args, out: Path, res: Result) -> None:
                 xs = [dev.cp.ones(nbytes // 4, dev.cp.float32) for _ in range(n)]  # made on the device
             else:
                 xs = [dev.to_device(np.ones(nbytes // 4, np.float32)) for _ in range(n)]
-            launch = comm.prepare("AllReduce", xs, proto=proto)
+            launch = comm.prepare("AllReduce", xs, schedule(comm, "AllReduce", xs, proto))
             launch()  # warm-up (and the compiled kernel's load from the cache)
             if dev.is_gpu:  # pragma: no cover - needs a GPU
                 return launch.kernel_seconds(reps)

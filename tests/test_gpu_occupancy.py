@@ -42,6 +42,6 @@ class _FakeGpu(Device):
 
 def test_threadcomm_refuses_before_touching_the_gpu(monkeypatch):
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS", raising=False)
-    from collectives.gpu_threads import ThreadComm
+    from collectives.device.cuda.threads import ThreadComm
     with pytest.raises(CollectiveError, match=r"^16 ranks as threads on one GPU need CUDA_DEVICE_MAX_CONNECTIONS"):
         ThreadComm(16, 1, _FakeGpu())

@@ -38,7 +38,7 @@ class _H200:  # device functions ask the current device for its compute capabili
 
 dispatcher.get_current_device = lambda: _H200()
 from collectives.device.cuda import kernel as K
-from collectives.device.cuda.reduce import make_ops
+from collectives.device.cuda.reduce_kernel import make_ops
 A = lambda t, n: types.Array(t, n, "C")
 i64, u64 = types.int64, types.uint64
 

@@ -23,7 +23,9 @@ from collectives.device.backend import DeviceError, get_device
 DEV = get_device("cudasim")  # before anything imports numba.cuda for a real GPU
 
 from collectives.device.common import CollectiveError  # noqa: E402
-from collectives.gpu_threads import ThreadComm  # noqa: E402
+from collectives.device.cuda.threads import ThreadComm  # noqa: E402
+from collectives.graph.trees import tree_table  # noqa: E402
+from collectives.perf.threads_runner import schedule  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # integer sums wrap, as on a GPU
 SMALL_FIFOS = {"NCCL_BUFFSIZE": "65536", "NCCL_LL_BUFFSIZE": "16384", "NCCL_LL128_BUFFSIZE": "65536"}
@@ -50,16 +52,12 @@ def _bits(a):
     return np.ascontiguousarray(a).view(np.uint8)
 
 
-def _trees(comm):
-    return [{r: (t.up, list(t.down)) for r, t in comm.trees[c].items()} for c in range(comm.nch)]
-
-
 def _check(comm, func, xs, outs, op, proto, algo="Ring", root=0):
     n = comm.n
     kw = dict(op=op, rings=comm.rings, nchannels=1, proto=proto)
     for r in range(n):
         if func == "AllReduce":
-            want = reference.all_reduce(xs, algo=algo, trees=_trees(comm) if algo == "Tree" else None, **kw)
+            want = reference.all_reduce(xs, algo=algo, trees=tree_table(comm.trees) if algo == "Tree" else None, **kw)
         elif func == "ReduceScatter":
             want = reference.reduce_scatter(xs, r, **kw)
         elif func == "AllGather":
@@ -86,7 +84,7 @@ def test_collectives_bitwise(small_fifos, func, algo, proto, n):
         root = i % n
         total = count * n if func == "ReduceScatter" else count
         xs = _inputs(rng, n, total, np.float32)
-        outs = comm.run(func, xs, proto=proto, algo=algo, root=root)
+        outs = comm.run(func, xs, schedule(comm, func, xs, proto, algo), root=root)
         _check(comm, func, xs, outs, "sum", proto, algo, root)
 
 
@@ -98,7 +96,8 @@ def test_datatypes_bitwise(small_fifos, dtype, proto):
     rng = np.random.default_rng(7)
     for algo in ("Ring", "Tree"):
         xs = _inputs(rng, 3, 1001, dtype)
-        _check(comm, "AllReduce", xs, comm.run("AllReduce", xs, proto=proto, algo=algo), "sum", proto, algo)
+        outs = comm.run("AllReduce", xs, schedule(comm, "AllReduce", xs, proto, algo))
+        _check(comm, "AllReduce", xs, outs, "sum", proto, algo)
 
 
 @pytest.mark.parametrize("proto", ("Simple", "LL"))
@@ -108,9 +107,9 @@ def test_ops_bitwise(small_fifos, op, dtype, proto):
     """Avg: floats pre-multiply by 1/n in the element type, integers divide the sum (truncating)."""
     comm = ThreadComm(3, 1, DEV)
     xs = _inputs(np.random.default_rng(11), 3, 777, dtype)
-    _check(comm, "AllReduce", xs, comm.run("AllReduce", xs, op=op, proto=proto), op, proto)
+    _check(comm, "AllReduce", xs, comm.run("AllReduce", xs, schedule(comm, "AllReduce", xs, proto), op=op), op, proto)
     xs = _inputs(np.random.default_rng(12), 3, 3 * 257, dtype)
-    for r, out in enumerate(comm.run("ReduceScatter", xs, op=op, proto=proto)):
+    for r, out in enumerate(comm.run("ReduceScatter", xs, schedule(comm, "ReduceScatter", xs, proto), op=op)):
         assert np.array_equal(_bits(out), _bits(reference.reduce_scatter(xs, r, op, comm.rings, 1, proto)))
 
 
@@ -128,7 +127,7 @@ def test_integer_sums_that_overflow_wrap_as_nccls(small_fifos, dtype, proto):
         xs[1] = -xs[1]
     comm = ThreadComm(3, 1, DEV)
     for op in ("avg", "sum"):
-        _check(comm, "AllReduce", xs, comm.run("AllReduce", xs, op=op, proto=proto), op, proto)
+        _check(comm, "AllReduce", xs, comm.run("AllReduce", xs, schedule(comm, "AllReduce", xs, proto), op=op), op, proto)
 
 
 @pytest.mark.parametrize("proto,what", [("Simple", "tail"), ("LL", "LL flag"), ("LL128", "LL128 flag")])
@@ -139,7 +138,7 @@ def test_peer_that_never_posts_fails_in_one_line(monkeypatch, proto, what):
     comm = ThreadComm(2, 1, DEV)
     xs = _inputs(np.random.default_rng(3), 2, 100, np.float32)
     with pytest.raises(CollectiveError) as err:
-        comm.run("AllReduce", xs, proto=proto, absent=(1,))
+        comm.run("AllReduce", xs, schedule(comm, "AllReduce", xs, proto), absent=(1,))
     msg = str(err.value)
     assert "\n" not in msg
     assert msg.startswith("rank 0: AllReduce (opCount 0) made no progress for 1 s (NCCLLAB_TIMEOUT): channel 0 ")
@@ -149,8 +148,9 @@ def test_peer_that_never_posts_fails_in_one_line(monkeypatch, proto, what):
 def test_threadcomm_chooses_the_simulator_itself():
     """A fresh process that never set NUMBA_ENABLE_CUDASIM: importing the thread harness loads no kernels, so
     ``ThreadComm(2, 1, "cudasim")`` can still choose the simulator (it used to fail, blaming the environment)."""
-    code = ("import numpy as np; from collectives.gpu_threads import ThreadComm; "
-            "c = ThreadComm(2, 1, 'cudasim'); print(c.run('AllReduce', [np.ones(8, np.float32)] * 2)[0].sum())")
+    code = ("import numpy as np; from collectives.device.cuda.threads import ThreadComm; "
+            "from collectives.perf.threads_runner import schedule; c = ThreadComm(2, 1, 'cudasim'); "
+            "xs = [np.ones(8, np.float32)] * 2; print(c.run('AllReduce', xs, schedule(c, 'AllReduce', xs))[0].sum())")
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_ENABLE_CUDASIM", "NCCLLAB_DEVICE")}
     p = subprocess.run([sys.executable, "-c", code], env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True,
                        text=True, timeout=120)
@@ -159,10 +159,10 @@ def test_threadcomm_chooses_the_simulator_itself():
 
 
 def test_numpy_buffers_go_to_a_gpu_as_the_kernels_element_type():
-    """``gpu_rank``'s staged path (numpy buffers on ``--device cuda``): cupy has no bfloat16, so a buffer goes up
+    """``device/cuda/rank.py``'s staged path (numpy buffers on ``--device cuda``): cupy has no bfloat16, so a buffer goes up
     and comes back as the kernel's element type, its uint16 bits, viewed in place."""
     from collectives.device.cuda.call import kernel_dtype
-    from collectives.gpu_rank import staged_view
+    from collectives.device.cuda.rank import staged_view
     host = np.arange(6, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(2, 3)
     bits = staged_view(host, kernel_dtype("AllReduce", host.dtype))
     assert bits.dtype == np.uint16 and bits.shape == (6,) and np.shares_memory(bits, host)

@@ -8,7 +8,7 @@
   GPU have no NVLink path, so it is off unless ``NCCL_P2P_READ_ENABLE=1``.  With read, NCCL places the Simple FIFO
   in the sender's memory (``ncclSendMem``) and LL stays with the receiver; the log line then ends in ``/read``.
 * **How a rank reaches its peer's memory:** ranks in one process use the pointer itself (``via P2P/direct
-  pointer``, ``collectives/gpu_threads.py``); ranks in separate processes on ``cuda`` exchange a legacy CUDA IPC
+  pointer``, ``collectives/device/cuda/threads.py``); ranks in separate processes on ``cuda`` exchange a legacy CUDA IPC
   handle (cupy's ``ipcGetMemHandle``/``ipcOpenMemHandle``: ``via P2P/IPC``).  Under ``cudasim`` the simulator's
   device memory is host memory, so the pool is a POSIX shared-memory segment standing in for the IPC handle (said
   at INFO); the log line stays ``via P2P/IPC``.

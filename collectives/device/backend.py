@@ -9,7 +9,7 @@ Back-ends, chosen by ``NCCLLAB_DEVICE`` (default ``cpu``) or by name:
 
 The simulator must be chosen before ``numba.cuda`` is first imported: ``get_device("cudasim")`` sets the variable
 and reloads numba's configuration, and refuses (one line, naming the kernel module imported too early) if the
-real ``numba.cuda`` is already loaded.  The callers (``collectives/gpu_rank.py``, ``gpu_threads.py``) import the
+real ``numba.cuda`` is already loaded.  The callers (``device/cuda/rank.py``, ``device/cuda/threads.py``) import the
 kernel modules only once the device is chosen.
 """
 from __future__ import annotations

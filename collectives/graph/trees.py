@@ -137,3 +137,9 @@ def trees_log_line(rank: int, trees: list[dict]) -> str:
         d = list(node.down) + [-1] * (3 - len(node.down))
         parts.append(f" [{c}] {d[0]}/{d[1]}/{d[2]}->{rank}->{node.up}")
     return "Trees" + "".join(parts)[:1022]
+
+
+def tree_table(trees: list[dict]) -> list[dict]:
+    """Every channel's tree as plain data, ``[{rank: (up, [down...])}]`` (the trace's metadata, the reference's
+    model)."""
+    return [{r: (t.up, list(t.down)) for r, t in tree.items()} for tree in trees]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collectives.misc.param import env_int
+
 from .device import NCCL_STEPS, ll_flag
 
 LL_FLAG_SHIFT = np.uint64(32)
@@ -71,3 +73,14 @@ LL128 = Protocol("LL128", 1, "NCCL_LL128_BUFFSIZE", 4915200, 1920, 8, NCCL_STEPS
 SIMPLE = Protocol("Simple", 2, "NCCL_BUFFSIZE", 1 << 22, 512, 8, NCCL_STEPS * 512, 1, 1, 64, True)
 PROTOCOLS = {p.name: p for p in (LL, LL128, SIMPLE)}   # in NCCL's id order
 PROTOS = tuple(PROTOCOLS)
+
+
+def buffer_sizes() -> dict:
+    """``computeBuffSizes``: each protocol's ``NCCL_*BUFFSIZE`` or its default.  NCCL accepts any value; below one
+    chunk it would divide by zero, so that is an error here."""
+    sizes = {p.name: env_int(p.buff_env, p.default_buff_size) for p in PROTOCOLS.values()}
+    for p in PROTOCOLS.values():
+        if sizes[p.name] < p.min_buff_size:
+            raise ValueError(f"{p.buff_env}={sizes[p.name]} is too small: {p} needs at least {p.min_buff_size} "
+                             f"bytes")
+    return sizes

@@ -15,7 +15,7 @@ from collectives.graph.cost_model import CostModel
 from collectives.graph.presets import cpu_lab
 from collectives.job import job_size, memory_available
 from collectives.misc.param import check_env
-from collectives.peers import buffer_sizes
+from collectives.include.protocols import buffer_sizes
 
 from .colls import BY_CLI
 

@@ -13,7 +13,7 @@ from collectives.job import emulated_node, job_size, launched, spawn
 
 from .args import build_parser, check_args
 from .runner import Runner
-from .threads import run_threads
+from .threads_runner import run_threads
 
 
 def main(module: str, argv: Sequence[str] | None = None) -> int:

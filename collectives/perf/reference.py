@@ -1,14 +1,14 @@
 """NCCL-order reference model: what NCCL 2.30's ring collectives return, bit for bit, in plain numpy.
 
 It takes every rank's input, the ring of each channel, the channel count and the protocol, and rebuilds from
-NCCL_FACTS §1.5, §3.1-3.5 and §5.1 (written independently of ``enqueue.py`` and ``device/``, which it checks): the
+NCCL's ``src/enqueue.cc``, ``src/graph/tuning.cc`` and ``src/device/all_reduce.h`` (written independently of ``enqueue.py`` and ``device/``, which it checks): the
 thread count of ``ncclTopoTuneModel``, the channel shrinking of ``topoGetAlgoInfo``, the CBD split of
 ``scheduleCollTasksToPlan``, the chunk of ``calcCollChunking``, the last-loop chunk of ``runRing``, and the
 summation order.  ``config_from_env`` derives channels, rings and a forced protocol from the environment alone, so
 that a wrong choice in the communicator is caught rather than copied:
 
 * Ring AllReduce chunk owned by ring position c: ``((x[c+1] + x[c+2]) + ... + x[c+n-1]) + x[c]``;
-* Tree AllReduce (NCCL_FACTS §4.1), every element of channel c: ``S(root)`` of that channel's tree, where
+* Tree AllReduce (``runTreeSplit`` in ``src/device/all_reduce.h``), every element of channel c: ``S(root)`` of that channel's tree, where
   ``S(v) = ((x[v] + S(down0)) + S(down1)) + S(down2)``; the chunking does not change the order;
 * ReduceScatter block of rank r and Reduce to root r: the same walk, starting after r and ending with r;
 * Avg: floats pre-multiply each input by ``1/n`` in the element type; integers divide the sum, truncating;

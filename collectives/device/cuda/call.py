@@ -3,8 +3,8 @@
 
 ``make_call`` turns a schedule (``enqueue.schedule_coll``'s plan) into the kernel's parameter words, the work rows of
 its channels, the pre-multiplier of ``avg``/``premulsum`` and the kernel specialised for the op and element kind.
-Both ways of running ranks use it: threads of one process (``collectives/gpu_threads.py``) and one rank per process
-(``collectives/gpu_rank.py``).  ``abort_line`` words a deadline the kernel hit, from the abort record.
+Both ways of running ranks use it: threads of one process (``threads.py``) and one rank per process
+(``rank.py``).  ``abort_line`` words a deadline the kernel hit, from the abort record.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collectives.misc.param import timeout_s
 
 from . import kernel as K
 from .clock import SIMULATED
-from .reduce import kind_of
+from .reduce_kernel import kind_of
 from .sync import WHAT_NAMES
 
 GROUP_NAMES = {0: "", 1: " (tree reduce)", 2: " (tree broadcast)"}
@@ -63,8 +63,8 @@ def tree_split(nthreads: int, proto: str) -> int:
 def make_call(func: str, dtype, op: str, nranks: int, root: int, plan, chunk_slice: tuple[int, int],
               nthreads: int, rank_lo: int = 0, absent: tuple = ()) -> Call:
     """The launch of ``plan`` (one work per channel), for ranks ``rank_lo`` onwards; ``chunk_slice``: its
-    ``calcCollChunking`` chunk and slice steps (``enqueue.chunk_slice_steps``); ``nthreads``: the block size
-    (``gpu_rank.block_threads``: NCCL's, on a GPU)."""
+    ``calcCollChunking`` chunk and slice steps (``Plan.chunk_steps``, ``slice_steps``); ``nthreads``: the block
+    size (``rank.block_threads``: NCCL's, on a GPU)."""
     check(func, plan.proto, plan.algo)
     dtype, kdt = np.dtype(dtype), kernel_dtype(func, dtype)
     work = np.array([[w.part_offset, w.part_count, w.chunk_count, w.count] for w in plan.works], np.int64)

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .api import cuda
+from .numba_cuda import cuda
 from .clock import SIMULATED
 from .layout import T_DOWN, T_FROM_DOWN, T_FROM_UP, T_TO_DOWN, T_TO_UP, T_UP
 from .prims import P_WORDS, div_up, imin, prims_finish, prims_init
 from .prims_ll import make_ll_op
 from .prims_ll128 import make_ll128_op
 from .prims_simple import make_simple_op
-from .reduce import make_ops
+from .reduce_kernel import make_ops
 
 # prm[]: the launch's parameters
 COLL, PROTO, NRANKS, ROOT, TIMEOUT, NTHREADS, RANK_LO, NCHANNELS, ALGO, SPC, SPS, SPLIT, ABSENT = range(13)

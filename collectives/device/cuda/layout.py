@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collectives.include.bitops import round_up
 from collectives.include.device import NCCL_STEPS
 
 from .sync import ABORT_WORDS
@@ -84,7 +85,7 @@ class PoolLayout:
         out, off = {}, 0
         for name, shape, dt in self.arrays():
             out[name] = off
-            off += -(-int(np.prod(shape)) * dt.itemsize // 128) * 128
+            off += round_up(int(np.prod(shape)) * dt.itemsize, 128)
         return out, max(off, 128)
 
     @property

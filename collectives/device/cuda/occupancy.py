@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 
 from collectives.device.common import CollectiveError
+from collectives.include.bitops import div_up, round_up
+from collectives.include.device import WARP_SIZE
 
 REGS_PER_SM, WARPS_PER_SM, BLOCKS_PER_SM, REG_UNIT = 65536, 64, 32, 256
 MAX_CONNECTIONS, DEFAULT_CONNECTIONS = 32, 8
@@ -30,8 +32,8 @@ class LaunchError(CollectiveError):
 
 def blocks_per_sm(regs_per_thread: int, nthreads: int) -> int:
     """Blocks of ``nthreads`` threads one SM holds when each thread uses ``regs_per_thread`` registers."""
-    warps = -(-nthreads // 32)
-    per_warp = -(-regs_per_thread * 32 // REG_UNIT) * REG_UNIT
+    warps = div_up(nthreads, WARP_SIZE)
+    per_warp = round_up(regs_per_thread * WARP_SIZE, REG_UNIT)
     by_regs = (REGS_PER_SM // per_warp) // warps if per_warp else BLOCKS_PER_SM
     return max(0, min(by_regs, WARPS_PER_SM // warps, BLOCKS_PER_SM))
 

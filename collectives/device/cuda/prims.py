@@ -12,10 +12,11 @@ Connection memory: ``ctrl[c] = [head, tail]`` and ``steps[c] = [sender's step, r
 from __future__ import annotations
 
 import numpy as np
-from .api import cuda
 
+from collectives.include import bitops
 from collectives.include.device import NCCL_STEPS
 
+from .numba_cuda import cuda
 from .sync import WHAT_HEAD, group_sync, publish, wait_ge
 
 P_WORDS = 24
@@ -24,9 +25,7 @@ GROUP, GTID, GTHREADS, CHANNEL, RANK, RL, SPC, SPS, BTID = 14, 15, 16, 17, 18, 1
 HEAD, TAIL = 0, 1
 
 
-@cuda.jit(device=True)
-def div_up(a, b):
-    return (a + b - 1) // b
+div_up = cuda.jit(device=True)(bitops.div_up)  # NCCL's DIVUP, the host's own, compiled for the device
 
 
 @cuda.jit(device=True)

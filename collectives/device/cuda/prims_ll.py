@@ -15,7 +15,7 @@ barrier (``postRecv``).  On a clean-mask step the sender fills the rest of the s
 from __future__ import annotations
 
 import numpy as np
-from .api import cuda
+from .numba_cuda import cuda
 
 from collectives.include.device import NCCL_STEPS
 from collectives.include.device import LL_CLEAN_MASK, LL_FLAG_MOD

@@ -29,7 +29,7 @@ import numpy as np
 
 from collectives.include.device import NCCL_STEPS
 
-from .api import cuda
+from .numba_cuda import cuda
 from .clock import SIMULATED, now_ns, pause
 from .prims import BTID, CHANNEL, GROUP, GTHREADS, GTID, RANK, RECV, RL, RSTEP, SEND, SSTEP, \
     div_up, imin, make_load_src, op_begin, post_recv, wait_send

@@ -11,7 +11,7 @@ head and the receivers' tail.  Empty trailing slices still wait and post.
 from __future__ import annotations
 
 import numpy as np
-from .api import cuda
+from .numba_cuda import cuda
 
 from collectives.include.device import NCCL_STEPS
 

@@ -27,7 +27,7 @@ would write a stale value back over another rank's store: the simulator never us
 """
 from __future__ import annotations
 
-from .api import cuda
+from .numba_cuda import cuda
 
 from .clock import SIMULATED, now_ns, pause
 

@@ -1,11 +1,12 @@
 """``--threads``: the runner's ranks as threads of one process on one GPU device (nccl-tests' ``-g N`` in one
 process, NCCL ``src/transport/p2p.cc``'s ``via P2P/direct pointer``), the way to run several ranks on one GPU.
 
-``ThreadsRunner`` is ``perf.Runner`` over ``collectives/gpu_threads.py``'s ``ThreadComm``: the same sizes, the same
+``ThreadsRunner`` is ``perf.Runner`` over ``collectives/device/cuda/threads.py``'s ``ThreadComm``: the same sizes, the same
 table and JSON, the same bitwise check against ``collectives.perf.reference`` (fresh inputs, outputs poisoned with 0xA5).
 Each size is prepared once and timed by relaunching it, so the time is the kernels' (every rank's stream on
 ``cuda``; one launch of all ranks in the simulator).  The algorithm and protocol are the cost model's choice (or
-``NCCL_ALGO``/``NCCL_PROTO``), as in the process path.
+``NCCL_ALGO``/``NCCL_PROTO``), planned by the process path's own ``enqueue.plan_coll`` and described to the
+reference by its ``comm.reference_config``; ``schedule`` plans a call whose algorithm and protocol are given.
 Deliberate difference: out-of-place only; the in-place columns read N/A (``ThreadComm`` owns its buffers).
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ import struct
 import numpy as np
 
 from collectives import enqueue
+from collectives.comm import reference_config
 from collectives.graph.cost_model import CostModel
 from collectives.graph.presets import cpu_lab
 from collectives.device.backend import gpu_protocols
@@ -23,11 +25,22 @@ from collectives.device.backend import gpu_protocols
 from .runner import Runner, count_wrong, random_input
 
 
-def reference_config(tc, proto: str, algo: str) -> dict:
-    """What ``collectives.perf.reference`` needs to reproduce a call on ``tc`` (``Communicator.reference_config``'s
-    counterpart): its rings, channels and trees, and the call's protocol and algorithm."""
-    return {"rings": tc.rings, "nchannels": tc.nch, "proto": proto, "algo": algo, "buffsize": tc.buff[proto],
-            "trees": [{q: (t.up, list(t.down)) for q, t in tc.trees[c].items()} for c in range(tc.nch)]}
+def tuning_of(tc) -> enqueue.Tuning:
+    """The ranks of ``tc`` as the scheduler sees them: one node, its channels and buffer sizes."""
+    return enqueue.default_tuning(tc.n, tc.nch, tc.buff)
+
+
+def schedule(tc, func: str, inputs: list, proto: str = "Simple", algo: str = "Ring") -> enqueue.Plan:
+    """The plan of ``func`` over each rank's ``inputs`` on ``tc`` with the given protocol and algorithm (NCCL's
+    count: ReduceScatter's is the per-rank output)."""
+    count = int(np.prod(inputs[0].shape))
+    count = count // tc.n if func == "ReduceScatter" else count
+    return enqueue.schedule_coll(tuning_of(tc), func, count, np.dtype(inputs[0].dtype).itemsize, algo, proto)
+
+
+def config_of(tc, plan: enqueue.Plan) -> dict:
+    """What ``collectives.perf.reference`` needs to reproduce ``plan`` on ``tc``."""
+    return reference_config(plan, tc.rings, tc.trees, tc.buff)
 
 
 class _Bootstrap:
@@ -63,15 +76,10 @@ class ThreadsComm:
         pass
 
     def reference_config(self, func: str, count: int, dtype) -> dict:
-        plan = self.plan(func, count, dtype)
-        return reference_config(self.tc, plan.proto, plan.algo)
+        return config_of(self.tc, self.plan(func, count, dtype))
 
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
-        itemsize = np.dtype(dtype).itemsize
-        algo, proto, _ = self.cost_model.choose(func, itemsize * enqueue.max_send_recv_count(func, self.nranks,
-                                                                                               count))
-        return enqueue.schedule_coll(enqueue.default_tuning(self.nranks, self.nchannels, self.tc.buff), func,
-                                     max(count, 1), itemsize, algo, proto)
+        return enqueue.plan_coll(tuning_of(self.tc), self.cost_model.choose, func, count, np.dtype(dtype).itemsize)
 
 
 class ThreadsRunner(Runner):
@@ -84,7 +92,7 @@ class ThreadsRunner(Runner):
 
     def _prepare(self, param: int, xs: list):
         plan = self.comm.plan(self.func, param, self.dtype)
-        return plan, self.comm.tc.prepare(self.func, xs, self.op, self.args.root, plan.proto, plan.algo)
+        return plan, self.comm.tc.prepare(self.func, xs, plan, self.op, self.args.root)
 
     def time_one(self, size: int, in_place: bool) -> float | None:
         if in_place:
@@ -108,7 +116,7 @@ def run_threads(args, nranks: int) -> int:
     """The sweep with ``nranks`` ranks as threads of this process on ``args.device``; 1 if any element was wrong."""
     from collectives.device.backend import get_device
     dev = get_device(args.device)  # before numba.cuda is imported: the simulator is decided there
-    from collectives.gpu_threads import ThreadComm
+    from collectives.device.cuda.threads import ThreadComm
     nch = int(os.environ.get("NCCL_MAX_NCHANNELS", "0") or 0) or (1 if dev.name == "cudasim" else 16)
     tc = ThreadComm(nranks, nch, dev)
     runner = ThreadsRunner(ThreadsComm(tc), args)

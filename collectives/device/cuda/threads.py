@@ -6,8 +6,8 @@ peer's device pointers).
 it out: the FIFOs (Simple: ``NCCL_STEPS`` slots of ``NCCL_BUFFSIZE / 8``; LL: 16-byte lines) and the tail live
 with the receiver, the head with the sender; each is one row of a pool, so a rank's kernel reaches its peer's
 row directly.  A ring and a tree share the connector of the same (channel, sender, receiver), as in NCCL.
-``run`` schedules the collective with ``enqueue.schedule_coll`` (the CPU path's split into channels and chunks)
-and launches the kernel: on ``cuda`` one host thread per rank, each launching on its own stream; on ``cudasim``
+``run`` launches a collective the caller planned (``enqueue.Plan``: the communicator's own split into channels and
+chunks; ``collectives/perf/threads_runner.py`` plans for the threads mode): on ``cuda`` one host thread per rank, each launching on its own stream; on ``cudasim``
 one launch holding every rank (numba's simulator runs a single launch at a time; see ``kernel.py``).
 On ``cuda``, before anything runs: n streams need ``CUDA_DEVICE_MAX_CONNECTIONS`` >= n, and the n x channels
 blocks of a launch must all be resident (``device/cuda/occupancy.py``); either is refused in one line.
@@ -21,14 +21,15 @@ import threading
 
 import numpy as np
 
-from . import enqueue
-from collectives.device.common import CollectiveError
+from collectives.include.protocols import buffer_sizes
+
+from ..common import CollectiveError
 from collectives.graph.rings import ring_orders
 from collectives.graph.trees import channel_trees
 from collectives.misc.param import env_int, timeout_s
 
-from collectives.device.backend import Device, get_device
-from collectives.gpu_rank import block_threads
+from ..backend import Device, get_device
+from .rank import block_threads
 from transports import p2p
 
 
@@ -48,8 +49,7 @@ class ThreadComm:
         self.n, self.nch = nranks, nchannels
         self.nthreads = nthreads or (env_int("NCCLLAB_SIM_THREADS", 4) if self.dev.name == "cudasim" else None)
         self.op_count = 0
-        self.buff = {"Simple": env_int("NCCL_BUFFSIZE", 1 << 22), "LL": env_int("NCCL_LL_BUFFSIZE", 1 << 19),
-                     "LL128": env_int("NCCL_LL128_BUFFSIZE", 4915200)}
+        self.buff = buffer_sizes()
         self.rings = ring_orders(nranks, nchannels, rings, node_of)
         self.trees = channel_trees(self.rings, node_of or [0] * nranks)[:nchannels]
         self._connect()
@@ -66,27 +66,27 @@ class ThreadComm:
             p2p.log_connection(c, src, src, dst, dst, "direct pointer")
 
     # --- one collective ---
-    def run(self, func: str, inputs: list, op: str = "sum", root: int = 0, proto: str = "Simple",
-            algo: str = "Ring", absent: tuple = ()) -> list[np.ndarray]:
+    def run(self, func: str, inputs: list, plan, op: str = "sum", root: int = 0,
+            absent: tuple = ()) -> list[np.ndarray]:
         """Every rank's output (host numpy).  ``inputs``: each rank's send buffer (numpy, or device arrays on
-        ``cuda``).  ``absent``: ranks whose kernel returns at once (the deadline test's peer that never posts)."""
-        launch = self.prepare(func, inputs, op, root, proto, algo, absent)
+        ``cuda``); ``plan``: the call's ``enqueue.Plan`` on these ranks.  ``absent``: ranks whose kernel returns at
+        once (the deadline test's peer that never posts)."""
+        launch = self.prepare(func, inputs, plan, op, root, absent)
         launch()
         return launch.outputs()
 
-    def prepare(self, func: str, inputs: list, op: str = "sum", root: int = 0, proto: str = "Simple",
-                algo: str = "Ring", absent: tuple = ()) -> "Launch":
+    def prepare(self, func: str, inputs: list, plan, op: str = "sum", root: int = 0,
+                absent: tuple = ()) -> "Launch":
         """Device buffers (outputs poisoned with 0xA5) and the launch arguments of one collective; calling the
         result runs it (again: the timing loop of scripts/gpu_check.py)."""
         from collectives.device.cuda.call import check, kernel_args, kernel_dtype, make_call
-        check(func, proto, algo)
+        check(func, plan.proto, plan.algo)
         n, d = self.n, self.dev
         on_device = d.is_gpu and all(isinstance(x, d.cp.ndarray) for x in inputs)
         host = None if on_device else [np.asarray(d.to_host(x)) for x in inputs]
         dtype = np.dtype(inputs[0].dtype) if on_device else host[0].dtype
         count = int(np.prod(inputs[0].shape)) if on_device else host[0].size
         out_count = {"AllGather": count * n, "ReduceScatter": count // n}.get(func, count)
-        sched_count = count // n if func == "ReduceScatter" else count
         kdt = kernel_dtype(func, dtype)
         if on_device:  # pragma: no cover - needs a GPU
             # cupy inputs are stacked on the device: a 1 GiB sweep point must not go through the host
@@ -98,12 +98,10 @@ class ThreadComm:
         else:
             out = d.to_device(np.full((n, out_count * dtype.itemsize), 0xA5, np.uint8).view(kdt))
         launch = Launch(self, func, dtype, out)
-        if sched_count == 0:
+        if plan.count == 0:
             return launch
-        t = enqueue.default_tuning(n, self.nch, self.buff)
-        plan = enqueue.schedule_coll(t, func, sched_count, dtype.itemsize, algo, proto)
-        call = make_call(func, dtype, op, n, root, plan, enqueue.chunk_slice_steps(plan),
-                         self.nthreads or block_threads(t, plan), 0, absent)
+        call = make_call(func, dtype, op, n, root, plan, (plan.chunk_steps, plan.slice_steps),
+                         self.nthreads or block_threads(plan), 0, absent)
         launch.kernel, launch.prm, launch.nch, launch.nthreads = call.kernel, call.prm, call.nch, call.nthreads
         launch.args = kernel_args(call, self.mem, self.pool, inp, out, d.to_device)
         return launch

@@ -1,5 +1,7 @@
 """One rank of a communicator on a GPU device, in its own process (NCCL ``src/enqueue.cc``: ``ncclLaunchKernel``;
-``src/device/common.h``: ``ncclKernelMain``; the connections are ``transports/p2p.py``'s).
+``src/device/common.h``: ``ncclKernelMain``; the connections are ``transports/p2p.py``'s).  The communicator hands it
+each call's task (``collectives/task.py``: the plan ``enqueue.schedule_coll`` made, its chunk and slice steps); this
+module schedules nothing itself.
 
 The communicator builds this when ``--device``/``NCCLLAB_DEVICE`` is ``cuda`` or ``cudasim``.  At init it numbers
 the node's connections (``layout.connection_tables``: every rank derives the same numbering from the rings and
@@ -10,7 +12,7 @@ buffers; a wait that runs past ``NCCLLAB_TIMEOUT`` writes the pool's abort recor
 watches, so all ranks stop and raise the same one-line error.
 LL128 runs when ``NCCL_PROTO`` names it (the cost model keeps it off otherwise, as NCCL's default rule does on
 the lab's CPU topology); its FIFO rows are allocated only then.  The block size is NCCL's (``block_threads``:
-``topoGetAlgoInfo``'s nWarps); before the first launch on a GPU, ``occupancy.check_launch`` refuses in one line
+``topoGetAlgoInfo``'s nWarps, which the plan carries); before the first launch on a GPU, ``occupancy.check_launch`` refuses in one line
 a kernel whose blocks cannot all be resident at once.
 Deliberate difference: one node only (the kernels have no NET proxy).
 """
@@ -18,18 +20,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from collectives.include.device import NCCL_MAX_NTHREADS, WARP_SIZE
 from collectives.misc.param import env_int
 
-from . import enqueue
-from .device.backend import Device, DeviceError
-from .device.common import CollectiveError
+from ..backend import Device, DeviceError
+from ..common import CollectiveError
 
 
-def block_threads(tuning, plan) -> int:
-    """The block size NCCL launches ``plan`` with: ``topoGetAlgoInfo``'s nWarps x 32 (``tuning``: the
-    communicator's ``enqueue.Tuning``), at most NCCL_MAX_NTHREADS (640)."""
-    nbytes = plan.elt_size * enqueue.max_send_recv_count(plan.func, tuning.nranks, plan.count)
-    return min(640, enqueue.topo_get_algo_info(tuning, plan.algo, plan.proto, nbytes)[1] * 32)
+def block_threads(plan) -> int:
+    """The block size NCCL launches ``plan`` with: ``topoGetAlgoInfo``'s nWarps (``Plan.n_warps``) x 32, at most
+    NCCL_MAX_NTHREADS."""
+    return min(NCCL_MAX_NTHREADS, plan.n_warps * WARP_SIZE)
 
 
 class GpuRank:
@@ -42,14 +43,13 @@ class GpuRank:
         buff = dict(comm.buff_sizes)
         if not any(row.get("LL128") is True for row in comm.cost_model.proto_enable.values()):
             buff["LL128"] = 0  # no LL128 FIFO rows: NCCL_PROTO does not name LL128, so nothing will run it
-        return cls(comm.device, comm.rank, comm.nranks, comm.rings, comm.trees, comm.nchannels, buff, comm.tuning)
+        return cls(comm.device, comm.rank, comm.nranks, comm.rings, comm.trees, comm.nchannels, buff)
 
     def __init__(self, device: Device, rank: int, nranks: int, rings: list, trees: list, nchannels: int,
-                 buff_sizes: dict, tuning=None):
+                 buff_sizes: dict):
         # numba.cuda is imported only now that the device is chosen: the simulator is decided at its first import
-        from .device.cuda.layout import connection_tables, launch_memory, pool_layout
+        from .layout import connection_tables, launch_memory, pool_layout
         self.dev, self.rank, self.n, self.nch = device, rank, nranks, nchannels
-        self.tuning = tuning
         tables = connection_tables(rings, trees, nranks, nchannels)
         self.layout = pool_layout(len(tables.ids), buff_sizes)
         self.nthreads = env_int("NCCLLAB_SIM_THREADS", 4) if device.name == "cudasim" else None
@@ -73,10 +73,10 @@ class GpuRank:
     def run(self, task, send, recv, op_count: int) -> None:
         """Launch ``task`` on this rank; ``send``/``recv`` are its buffers (numpy in the simulator, device arrays
         on a GPU)."""
-        from .device.cuda.call import abort_line, kernel_args, make_call
+        from .call import abort_line, kernel_args, make_call
         plan, func, d, p = task.plan, task.func, self.dev, self.pool
         call = make_call(func, send.dtype, task.op, self.n, task.root, plan, (task.chunk_steps, task.slice_steps),
-                         self.nthreads or block_threads(self.tuning, plan), rank_lo=self.rank)
+                         self.nthreads or block_threads(plan), rank_lo=self.rank)
         staged = d.name == "cuda" and isinstance(recv, np.ndarray)  # numpy on a GPU: copy in, run, copy back
         if staged:  # pragma: no cover - needs a GPU
             # staged as the kernel's element type: cupy has no bfloat16 (its bits go up as uint16)
@@ -89,7 +89,7 @@ class GpuRank:
             call.kernel[1, call.nch * call.nthreads](*args)
         else:  # pragma: no cover - needs a GPU
             from numba import cuda
-            from .device.cuda.occupancy import check_launch
+            from .occupancy import check_launch
             d.cp.cuda.get_current_stream().synchronize()  # the copies and resets above, once for all arguments
             args = [cuda.as_cuda_array(a, sync=False) for a in args]
             key = (id(call.kernel), call.nch, call.nthreads)

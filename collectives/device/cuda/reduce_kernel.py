@@ -12,7 +12,7 @@ operand (the CPU path's canonical NaN and its sign rule for zeros are not reprod
 from __future__ import annotations
 
 import numpy as np
-from .api import cuda
+from .numba_cuda import cuda
 
 from .clock import SIMULATED
 
