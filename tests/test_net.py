@@ -167,25 +167,26 @@ def test_netns_script(tmp_path):
 # --- the proxy's own rules (net.cc sendProxyProgress / recvProxyProgress), without a network ------------------
 
 def _proxy_op(proto: str, nsteps: int, chunk_steps: int = 1):
-    from transports import net
+    from transports import net, proxy
     sizes = {"LL": 8 * 128, "LL128": 8 * 2048, "Simple": 8 * 4096}
     conn = net.make_connector(1, True, sizes, "NET/Socket/0")
     nc = net.NetConnection(None, conn, None, 0)
-    return net.ProxyOp(nc, proto, nsteps, 1, chunk_steps), nc, conn
+    return proxy.ProxyOp(nc, proto, nsteps, 1, chunk_steps), nc, conn
 
 
 def test_send_proxy_needs_tail_for_ll128_not_only_flags():
     """sendProxyProgress: a step is ready when connFifo has its size and tail passed it, for every protocol but
     LL; LL128 in host memory also needs every line's flag.  Flags alone (tail not yet posted) are not enough."""
+    from transports import net
     op, nc, conn = _proxy_op("LL128", 1)
     op.start()
     conn.conn_fifo[0] = 2048
     conn.words["LL128"][0].reshape(-1, 16)[:, 15] = op.base + 1  # every flag word carries the step's flag
-    assert not op._ready(op.base, 2048)
+    assert not net.send_ready(op, op.base, 2048)
     conn.tail[0] = op.base + 1
-    assert op._ready(op.base, 2048)
+    assert net.send_ready(op, op.base, 2048)
     conn.words["LL128"][0].reshape(-1, 16)[3, 15] = 0  # one stale line: not ready, tail or not
-    assert not op._ready(op.base, 2048)
+    assert not net.send_ready(op, op.base, 2048)
 
 
 def test_proxy_keeps_its_own_step_counter():
@@ -196,7 +197,7 @@ def test_proxy_keeps_its_own_step_counter():
     nc.step = 6
     op.start()
     assert op.base == 8 and nc.step == 16
-    from transports import net
-    nxt = net.ProxyOp(nc, "Simple", 4, 2, 4)
+    from transports import proxy
+    nxt = proxy.ProxyOp(nc, "Simple", 4, 2, 4)
     nxt.start()
     assert nxt.base == 16 and nc.step == 20

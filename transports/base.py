@@ -1,6 +1,6 @@
 """The shape of a transport (NCCL ``src/include/transport.h``: ``struct ncclTransport`` with its ``canConnect``
 and, for each of ``send`` and ``recv``, a ``struct ncclTransportComm`` of ``setup``, ``connect`` and ``free`` plus
-the proxy's hooks).
+the proxy's hooks: ``proxied``, ``save_ops``, ``progress``; the proxy itself is ``transports/proxy.py``).
 
 A transport keeps what it owns for one communicator in its own state object (``new_state``: SHM's segments, NET's
 plugin, connections and proxy thread), never in the communicator.  ``setup`` makes this rank's side of one
@@ -49,6 +49,15 @@ class Transport:
 
     def connected(self, state) -> None:
         """Every peer has connected (after the connect barrier)."""
+
+    def proxied(self, state) -> bool:
+        """Whether any of its connections goes through a proxy (its ``ncclTransportComm`` has ``proxyProgress``):
+        then every collective hands it its ops (``save_ops``)."""
+        return False
+
+    def save_ops(self, state, ops: list) -> None:
+        """``ncclProxySaveOp``: post to this transport's proxy, in order, the ops (``transports/proxy.py``'s
+        ``ProxyOp``) of its own connections among ``ops``."""
 
     def progress(self, state) -> bool:
         """Ours: move this transport's proxied bytes from the rank's own thread while its kernel waits (NET's

@@ -23,7 +23,7 @@ from collectives.misc.sockets import BootstrapError
 from tracing import debug
 
 from .base import CommInfo
-from .net import ProxyOp, wait_sent
+from .proxy import ProxyOp, wait_sent
 from .registry import select_transport
 
 
@@ -112,23 +112,23 @@ class Connections:
         finally:
             for t, state in self.states.items():
                 t.connected(state)
-            self.proxied = any(getattr(state, "connections", None) for state in self.states.values())
+            self.proxied = any(t.proxied(state) for t, state in self.states.items())
 
     # --- what the communicator asks of its connections ---
 
     def save_ops(self, counts: list, proto: str, slice_steps: int, chunk_steps: int, tracer, seq: int) -> list:
         """``ncclProxySaveOp``: one op per proxied connector of ``counts`` [(connector, steps)], posted to its proxy
-        in order; returns the ops (the collective waits for its sends, see ``net.wait_sent``)."""
+        in order (``Transport.save_ops``); returns the ops (the collective waits for its sends, see
+        ``proxy.wait_sent``)."""
         ops = [ProxyOp(conn.proxy_conn, proto, nsteps, slice_steps, chunk_steps, tracer, seq)
                for conn, nsteps in counts if conn is not None and conn.proxy_conn is not None and nsteps]
-        for t, state in self.states.items():
-            proxy = getattr(state, "proxy", None)
-            if proxy is not None and ops:
-                proxy.post(ops)
+        if ops:
+            for t, state in self.states.items():
+                t.save_ops(state, ops)
         return ops
 
     def wait_sent(self, kernel, ops: list):
-        """A kernel work item that ends once every send op of ``ops`` is done (``net.wait_sent``)."""
+        """A kernel work item that ends once every send op of ``ops`` is done (``proxy.wait_sent``)."""
         return wait_sent(kernel, [op for op in ops if op.nc.conn.is_send])
 
     def poll(self) -> bool:
