@@ -6,7 +6,8 @@ depth) and moves bytes between processes over TCP; it does not model timing, con
 from __future__ import annotations
 
 from . import enums  # noqa: F401
-from .device import SimVerbsError, device_names  # noqa: F401
+from .device import device_names  # noqa: F401
+from .error import SimVerbsError  # noqa: F401
 
 
 def classes() -> dict:

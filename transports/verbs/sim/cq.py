@@ -9,7 +9,7 @@ from __future__ import annotations
 import collections
 import threading
 
-from .device import Context, SimVerbsError
+from .error import SimVerbsError
 
 
 class WC:
@@ -25,7 +25,9 @@ class WC:
 
 
 class CQ:
-    def __init__(self, context: Context, cqe: int, cq_context=None, channel=None, comp_vector: int = 0):
+    """``context``: the device's ``Context`` (the stand-in keeps one queue per CQ, whatever the device)."""
+
+    def __init__(self, context, cqe: int, cq_context=None, channel=None, comp_vector: int = 0):
         self.cqe = cqe
         self._q: collections.deque = collections.deque()
         self._lock = threading.Lock()

@@ -9,12 +9,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from . import enums as e
+from .error import SimVerbsError
 
 DEVICE_NAMES = ["sim_ib0"]
-
-
-class SimVerbsError(RuntimeError):
-    """What pyverbs raises as PyverbsRDMAError / PyverbsUserError: a verb refused at call time."""
 
 
 def device_names() -> list[str]:

@@ -10,7 +10,8 @@ import ctypes
 import numpy as np
 
 from . import enums as e
-from .device import PD, SimVerbsError
+from .device import PD
+from .error import SimVerbsError
 
 
 class MR:

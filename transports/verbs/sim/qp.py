@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from . import enums as e
 from .cq import CQ, WC
-from .device import PD, SimVerbsError
+from .device import PD
+from .error import SimVerbsError
 
 
 class QPCap:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from . import enums as e
-from .device import SimVerbsError
+from .error import SimVerbsError
 
 
 class SGE:
