@@ -30,9 +30,10 @@ class Channel:
     recv_from: dict = field(default_factory=dict)  # peer -> recv connector
 
 
-def postset(orders: list[list[int]], node_of_rank: list[int], pattern: str, rank: int, max_channels: int,
+def init_channels(orders: list[list[int]], node_of_rank: list[int], pattern: str, rank: int, max_channels: int,
             min_channels: int) -> tuple[list[Channel], list[dict], list[tuple]]:
-    """``ncclTopoPostset`` on the search's rings: (this rank's channels, every channel's tree as every rank sees it,
+    """``ncclTopoPostset``'s doubling and copies on the search's rings, then ``initChannel`` for this rank (the whole
+    postset on a search graph is ``graph.connect.postset``): (this rank's channels, every channel's tree as every rank sees it,
     each channel's origin (search ring, tree 0 or 1))."""
     n = len(orders)
     trees = channel_trees(orders, node_of_rank, pattern)    # tree 0 of each ring, then tree 1 of each

@@ -1,4 +1,5 @@
-"""NCCL's cost model: the worked example of NCCL_FACTS §7.4, crossovers, ties, the tree correction table, protocol
+"""NCCL's cost model: a worked example (one node of 8 GPUs, 16 channels of
+20 GB/s, ``ncclTopoTuneModel`` worked by hand), crossovers, ties, the tree correction table, protocol
 enablement, the tune CLI, and the communicator choosing what the model chooses."""
 import json
 import os
@@ -9,12 +10,12 @@ import numpy as np
 import pytest
 
 from collectives.graph import tuning
-from collectives.graph.cost_model import TREE_CORRECTION, CostModel, Graph, Machine, log2i
+from collectives.graph.cost_model import TREE_CORRECTION, CostModel, GraphFigures, Machine, log2i
 from collectives.graph.presets import cpu_lab, dgx_a100, dgx_h100, pcie_box
 from workers import Case
 from conftest import ROOT, run_ranks
 
-EXAMPLE = Machine("example", 1, 8, 90, ring=Graph(16, 20, 20), tree=Graph(16, 20, 20))
+EXAMPLE = Machine("example", 1, 8, 90, ring=GraphFigures(16, 20, 20), tree=GraphFigures(16, 20, 20))
 EXPECTED = {("Ring", "LL"): (15.0, 80.6), ("Ring", "LL128"): (40.6, 168.2), ("Ring", "Simple"): (56.0, 182.9),
             ("Tree", "LL"): (15.2, 38.7), ("Tree", "LL128"): (31.5, 114.5), ("Tree", "Simple"): (64.4, 147.2)}
 

@@ -1,4 +1,4 @@
-"""Work split (CBD), channel shrinking and chunk sizes: NCCL_FACTS worked examples, and agreement between
+"""Work split (CBD), channel shrinking and chunk sizes: worked examples of ``scheduleCollTasksToPlan`` and ``calcCollChunking`` (``src/enqueue.cc``), and agreement between
 ``enqueue`` (data path) and ``reference`` (written separately)."""
 import random
 

@@ -17,7 +17,7 @@ from collectives.misc import param, sockets
 from collectives.misc.listener import SOCKET_TYPE_BOOTSTRAP, Listener, hello
 from collectives.device.reduce_copy import RedOp, reduce_copy
 from collectives.graph import tuning
-from collectives.graph.cost_model import RING, SIMPLE, TREE, CostModel, Graph, Machine
+from collectives.graph.cost_model import RING, SIMPLE, TREE, CostModel, GraphFigures, Machine
 from collectives.graph.presets import cpu_lab, dgx_a100, dgx_h100, pcie_box
 from collectives.graph.rings import ring_log_line
 from workers import Case
@@ -162,7 +162,7 @@ def test_algo_time_is_float_arithmetic():
 
 def test_tree_pattern_factor_is_a_double_product():
     for bw in (20.0, 21.7, 30.0, 13.3, 7.77):
-        g = Graph(12, bw, bw, "NVL", "PIX")
+        g = GraphFigures(12, bw, bw, "NVL", "PIX")
         plain = CostModel(Machine("m", 2, 8, 90, ring=g, tree=g, max_tree_pattern=1))
         tree = CostModel(Machine("m", 2, 8, 90, ring=g, tree=g, max_tree_pattern=3))
         for p in range(3):

@@ -2,7 +2,7 @@
 every real input (``tests/data``, ``topologies/`` and, when present, the shared fixtures), fed to
 
 * the NCCL log parser (``tracing.nccl_log``, strict and lenient) and what ``explain`` builds on it
-  (``tracing.explain``'s facts, unusual lines and report, ``collectives.graph.replay``, the diagrams' DOT sources);
+  (``tracing.log_facts``'s facts, unusual lines and report, ``collectives.graph.replay``, the diagrams' DOT sources);
 * the nccl-tests output parser (``visualize.nccl_tests``);
 * the topology XML loader (``collectives.graph.topo_xml``) and the system built from it (``topo.py``, the paths of
   ``paths.py``).
@@ -125,7 +125,7 @@ def log_inputs(rng: random.Random, n: int):
 def explain_pipeline(text: str) -> None:
     """Everything ``python -m tracing explain`` and ``visualize log`` compute, but rendering."""
     from collectives.graph.replay import nodes_of, replay_log
-    from tracing import explain, nccl_log
+    from tracing import log_facts, nccl_log
     from visualize import explain as visualize_explain
     for strict in (True, False):
         try:
@@ -136,12 +136,12 @@ def explain_pipeline(text: str) -> None:
         nccl_log.parse(text, comm="0")
     except LogError:
         pass
-    facts = explain.read(text)
-    explain.is_nccl_log(facts)
-    explain.unusual(facts)
-    n = explain.nranks(facts)
+    facts = log_facts.read(text)
+    log_facts.is_nccl_log(facts)
+    log_facts.unusual(facts)
+    n = log_facts.nranks(facts)
     node_of = nodes_of(facts.log, n) if n else []
-    explain.report(facts, "fuzz", node_of)
+    log_facts.report(facts, "fuzz", node_of)
     try:
         rep = replay_log(facts.log)
     except LogError:

@@ -193,3 +193,11 @@ def test_the_checkers_see_a_cycle():
     assert cycles({"a": {"b": []}, "b": {"a": []}}) and not cycles({"a": {"b": []}, "b": {}})
     assert circles({"a": {"b": []}, "b": {"c": []}, "c": {"a": []}, "d": {"a": []}}) == [["a", "b", "c"]]
     assert not circles({"a": {"b": []}, "b": {}, "c": {"a": [], "b": []}})
+
+
+def test_the_log_parser_bounds_channels_as_the_library_does():
+    """``tracing.nccl_log`` sits below ``collectives.include`` and cannot import its ``MAXCHANNELS``: the two are one
+    NCCL constant and must agree."""
+    from collectives.include.device import MAXCHANNELS
+    from tracing import nccl_log
+    assert nccl_log.MAXCHANNELS == MAXCHANNELS

@@ -299,7 +299,7 @@ def test_tracing_modules_import_nothing_of_ours():
                 assert node.module.split(".")[0] not in ours, (path.name, node.module)
             elif isinstance(node, ast.Import):
                 assert not {a.name.split(".")[0] for a in node.names} & ours, path.name
-    code = ("import sys, tracing.__main__, tracing.explain, tracing.export, tracing.hang, tracing.nccl_log; "
+    code = ("import sys, tracing.__main__, tracing.log_facts, tracing.export, tracing.hang, tracing.nccl_log; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('collectives', 'visualize')))")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                           check=True).stdout.strip() == "[]"

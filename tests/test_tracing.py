@@ -1,4 +1,4 @@
-"""The trace against the algorithm (NCCL_FACTS §3.2), its exports, and hang diagnosis."""
+"""The trace against the algorithm (``runRing``'s chunks, ``src/device/all_reduce.h``), its exports, and hang diagnosis."""
 import json
 
 import pytest

@@ -25,7 +25,7 @@ def _as_ref(tree: dict) -> dict:
 
 
 def test_reference_is_the_worked_example_of_two_nodes_of_two():
-    """NCCL_FACTS §4.5: tree 0 sums (x0 + x1) + (x2 + x3), tree 1 (x2 + x3) + (x0 + x1); and it is not the ring."""
+    """The double binary tree (``ncclGetDtree`` over 2 nodes): tree 0 sums (x0 + x1) + (x2 + x3), tree 1 (x2 + x3) + (x0 + x1); and it is not the ring."""
     t0, t1 = connect_trees([[0, 1], [2, 3]])
     rng = np.random.default_rng(5)
     xs = [rng.uniform(-1, 1, 40_000).astype(np.float32) for _ in range(4)]

@@ -1,4 +1,4 @@
-"""Double binary trees (NCCL_FACTS §4.2-4.5) and replaying the Trees lines of NCCL INFO logs."""
+"""Double binary trees (``ncclGetBtree`` / ``ncclGetDtree`` in ``src/graph/trees.cc``, ``connectTrees`` in ``src/graph/connect.cc``) and replaying the Trees lines of NCCL INFO logs."""
 import math
 import subprocess
 import sys
@@ -11,7 +11,7 @@ from workers import Case
 from conftest import FIXTURES, ROOT, run_ranks
 from tracing.nccl_log import LogError
 
-TABLES = {  # NCCL_FACTS §4.4: rank -> (T0 up, d0, d1, T1 up, d0, d1)
+TABLES = {  # ncclGetDtree's trees: rank -> (T0 up, d0, d1, T1 up, d0, d1)
     4: {0: (-1, -1, 2, 1, -1, -1), 1: (2, -1, -1, 3, 2, 0), 2: (0, 1, 3, 1, -1, -1), 3: (2, -1, -1, -1, -1, 1)},
     8: {0: (-1, -1, 4, 1, -1, -1), 1: (2, -1, -1, 3, 2, 0), 2: (4, 1, 3, 1, -1, -1), 3: (2, -1, -1, 7, 5, 1),
         4: (0, 2, 6, 5, -1, -1), 5: (6, -1, -1, 3, 6, 4), 6: (4, 5, 7, 5, -1, -1), 7: (6, -1, -1, -1, -1, 3)},

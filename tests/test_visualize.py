@@ -38,7 +38,7 @@ def test_topology_diagram_renders_with_ring_edges(traced_run, tmp_path):
 
 
 def test_trees_diagram_has_one_edge_per_link_parent_to_child(tmp_path):
-    tl = channel_trees([[0, 1, 2, 3]], [0, 0, 1, 1])     # 2 nodes x 2 ranks: NCCL_FACTS §4.5 worked example
+    tl = channel_trees([[0, 1, 2, 3]], [0, 0, 1, 1])     # 2 nodes x 2 ranks: ncclGetDtree over 2 nodes, worked by hand
     trees = [{r: (n.up, list(n.down)) for r, n in tl_c.items()} for tl_c in tl]
     assert trees[0][0] == (-1, [1, 2]) and trees[1][2] == (-1, [3, 0])
     src = diagrams.trees(trees, 4, node_of_rank=[0, 0, 1, 1])

@@ -1,5 +1,5 @@
 """Chunk-level trace events, shaped after NCCL's profiler plugin hierarchy (``src/include/plugin/nccl_profiler.h``:
-Coll -> KernelCh -> primitive call -> step; NCCL_FACTS §9).
+Coll -> KernelCh -> primitive call -> step).
 
 Off unless ``NCCLLAB_TRACE=<dir>``.  Each rank keeps its events as tuples in memory and writes
 ``<dir>/trace-rank<r>.jsonl`` when its communicator is destroyed (and on errors): one JSON object per line, the

@@ -33,7 +33,9 @@ import re
 from contextlib import closing
 from dataclasses import dataclass, field
 
-MAXCHANNELS = 64            # src/include/device.h
+# NCCL's MAXCHANNELS (src/include/device.h), the log's bound on a channel number.  The parser sits on the
+# bottom floor, under collectives/include/device.py, which owns the constant; tests/test_layers.py checks the two agree.
+MAXCHANNELS = 64
 MAX_LINE = 4096             # characters read of one line: NCCL's buffer is 1024 bytes, plus prefixes
 MAX_RANKS = 1 << 20         # a larger nRanks is not a real log (and would size every per-rank list)
 MAX_BAD = 100               # bad lines listed (all are counted)

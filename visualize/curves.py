@@ -107,8 +107,8 @@ def _unique(series: list[dict], skip: tuple = ()) -> list[dict]:
 def model_note(series: list[dict]) -> str:
     """Why the cost model's cpu-lab line sits above our measurement, with the measured factor.  The preset's
     constants were measured on an idle machine with one rank per core (n=2 on 2 cores); NCCL's model knows one GPU
-    per rank and no time-sharing, so with more ranks than cores (8 on 2: 1.4 ms at 8 B against the model's 65 us)
-    every step costs several times the measured constants."""
+    per rank and no time-sharing, so with more ranks than cores every step costs several times the measured
+    constants (docs/measured.md has a run)."""
     models = [s for s in series if s["label"].startswith("NCCL model: cpu-lab")]
     ours = [s for s in series if s["label"].startswith("nccl-lab")]
     ratios = []

@@ -1,7 +1,7 @@
 """``python -m tracing explain LOG [-o DIR]`` (the same as ``python -m visualize explain LOG -o DIR``): a real
 NCCL INFO log as a short report plus its diagrams, in one folder.
 
-The report is ``tracing.explain``'s (version, ranks, nodes, GPUs per node, channels and rings, the transport of
+The report is ``tracing.log_facts``'s (version, ranks, nodes, GPUs per node, channels and rings, the transport of
 every edge, TUNING choices, anything unusual) with the trees checked by ``collectives.graph.replay`` (NCCL's
 ``ncclGetDtree`` / ``connectTrees`` rebuilt: ``matched N of M``) and the rings and trees drawn as in
 ``visualize log``.  This module lives here, above ``tracing`` and ``collectives``, because it needs both; the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 
 from collectives.graph.replay import nodes_of, replay_log
-from tracing import explain as facts_of
+from tracing import log_facts as facts_of
 from tracing.nccl_log import LogError
 
 from . import diagrams
@@ -22,7 +22,7 @@ MAX_DRAWN_RANKS = 1024    # Graphviz lays out a few hundred ranks; past this the
 
 
 def read_log(path: str) -> facts_of.LogFacts:
-    """The log's facts, the file streamed (``tracing.explain.read_file``: the text is never held); ``LogError``
+    """The log's facts, the file streamed (``tracing.log_facts.read_file``: the text is never held); ``LogError``
     when it is not an NCCL log (NCCL's line grammar, ``nccl_log.is_nccl_log``) or holds none of the lines
     explained."""
     facts = facts_of.read_file(path)

@@ -1,4 +1,4 @@
-"""Parser of nccl-tests output (``all_reduce_perf`` & co.), both row formats (NCCL_FACTS §8.2).
+"""Parser of nccl-tests output (``all_reduce_perf`` & co.), both row formats (nccl-tests ``src/common.cu``: ``printHeader``, ``BenchTime``).
 
 Reads legacy (<= 2.17: ``%7.2f`` times, ``%5g`` #wrong) and current (>= 2.18: ``getFloatStr``) rows, older rows
 without the ``root`` column and with an ``error`` column (``0e+00``), ``N/A`` for ``#wrong``, any header or comment

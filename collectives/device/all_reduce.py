@@ -13,9 +13,7 @@ or 448/192 (LL, LL128) between the groups; one CPU thread has no threads to spli
 """
 from __future__ import annotations
 
-
-def _align_up(a: int, b: int) -> int:
-    return (a + b - 1) // b * b
+from collectives.include.bitops import round_up
 
 
 def run_ring(prims, ring, work, nranks: int):
@@ -28,7 +26,7 @@ def run_ring(prims, ring, work, nranks: int):
     while elem_offset < channel_count:
         rem_count = channel_count - elem_offset
         if rem_count < loop_count:
-            chunk_count = _align_up(-(-rem_count // nranks), 16 // esize)
+            chunk_count = round_up(-(-rem_count // nranks), 16 // esize)
 
         def chunk_args(chunk: int) -> tuple[int, int]:
             off = chunk * chunk_count
@@ -50,12 +48,12 @@ def run_ring(prims, ring, work, nranks: int):
 
 
 def locate(work, nranks: int, esize: int, prim: str, src_ix, dst_ix) -> tuple[int, int]:
-    """(loop, chunk) of a call from its element offset (NCCL_FACTS §3.2's element -> chunk map); trace only."""
+    """(loop, chunk) of a call from its element offset (``runRing``'s element -> chunk map); trace only."""
     loop_count = nranks * work.chunk_count
     r = (dst_ix if dst_ix is not None else src_ix) - work.part_offset
     loop = r // loop_count
     rem = work.part_count - loop * loop_count
-    cc = work.chunk_count if rem >= loop_count else _align_up(-(-rem // nranks), 16 // esize)
+    cc = work.chunk_count if rem >= loop_count else round_up(-(-rem // nranks), 16 // esize)
     return loop, (r - loop * loop_count) // cc
 
 

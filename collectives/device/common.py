@@ -27,9 +27,7 @@ from collectives.misc import futex
 SPINS_BEFORE_YIELD = 4
 SPINS_BEFORE_SLEEP = 20  # oversubscribed only: sched_yield first, then sleep (measured best)
 # ... and only once the wait has lasted this long: a short wait (a small message, a NET hop) is cheaper yielded
-# than slept and woken.  Median of 9 alternating rounds, 2 emulated nodes x 2 ranks on 2 cores, AllReduce:
-# 8 B 663 -> 428 us, 16 MiB 31.1 -> 30.9 ms against sleeping after the 20 yields alone; one node, 4 and 8 ranks,
-# 8 B to 16 MiB: the same or up to 6% faster.
+# than slept and woken (the runs that chose it: docs/measured.md).
 SPIN_S_BEFORE_SLEEP = 0.001
 CHECK_EVERY_S = 0.02
 # Thread groups of one channel (runTreeSplit's reduce-up and broadcast-down halves run side by side).

@@ -226,7 +226,7 @@ def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, op: str, s
     """The kernel for one compiled call.  Most calls end in the first try; a blocked one lets ``Kernel.run`` wait
     between tries (yield or sleep, check the peers and the deadline, write the hang report)."""
     # A rank with proxied (NET) connections comes back to Kernel.run after 2 idle rounds, whose poll moves the
-    # proxy's bytes (after 4096, each NET hop of LL waited out the spin: 8 B, 2 nodes x 2: 1.8-2.5 ms -> 0.6 ms);
+    # proxy's bytes (after 4096, each NET hop of LL waited out the spin: docs/measured.md);
     # it never waits inside either.  Otherwise, with more ranks than cores, it waits inside (see above).
     proxied = kernel.poll is not None
     waits = (SLEEPS_EACH, YIELDS_BEFORE_SLEEP) if kernel.sleep and not proxied else ()

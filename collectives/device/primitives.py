@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from collectives.include.device import NCCL_STEPS
+from collectives.include.bitops import div_up, round_up
 from collectives.include.connector import Connector
+from collectives.include.device import NCCL_STEPS
 
 from tracing.events import now
 
 from collectives.misc import futex
 from .reduce_copy import RedOp
-
-
-def div_up(a: int, b: int) -> int:
-    return (a + b - 1) // b
 
 
 class Primitives:
@@ -174,7 +171,7 @@ class Primitives:
 def _steps(conns: list, chunk_steps: int) -> tuple[list, int]:
     """Each connection's starting step, rounded up to ``chunk_steps``, as (pairs, peer 0's step)."""
     if len(conns) == 1:  # a ring: the common case, kept cheap (it runs once per channel per collective)
-        return [(conns[0], 0)], -(-conns[0].step // chunk_steps) * chunk_steps
+        return [(conns[0], 0)], round_up(conns[0].step, chunk_steps)
     steps = [div_up(c.step, chunk_steps) * chunk_steps for c in conns]
     first = steps[0] if steps else 0
     return [(c, s - first) for c, s in zip(conns, steps)], first

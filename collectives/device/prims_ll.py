@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from collectives.include.bitops import div_up
 from collectives.include.device import LL_CLEAN_MASK, NCCL_STEPS, ll_flag
 
 from . import ll_kernels as K
-from .primitives import Primitives, div_up
+from .primitives import Primitives
 from .reduce_copy import reduce_copy
 
 class PrimitivesLL(Primitives):

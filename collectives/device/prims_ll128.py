@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from collectives.include.bitops import div_up
 from collectives.include.device import NCCL_STEPS
 
 from . import ll_kernels as K
-from .primitives import div_up
 from .prims_ll import PrimitivesLL
 
 SLICE_DATA = 1920   # bytes of data per 2048-byte wire slice

@@ -16,9 +16,10 @@ at once by writing ``head``.
 """
 from __future__ import annotations
 
+from collectives.include.bitops import div_up
 from collectives.include.device import NCCL_STEPS
 
-from .primitives import Primitives, div_up
+from .primitives import Primitives
 from .reduce_copy import reduce_copy
 
 

@@ -52,8 +52,9 @@ class TunerConstants:
 
 
 @dataclass(frozen=True)
-class Graph:
-    """What NCCL's topology search found for one pattern (``struct ncclTopoGraph``)."""
+class GraphFigures:
+    """The figures of one pattern's search result that the tuning model reads (the fields of ``struct
+    ncclTopoGraph`` that ``ncclTopoTuneModel`` uses; the search's own graph is ``search.Graph``)."""
     n_channels: int
     bw_intra: float              # GB/s per channel
     bw_inter: float
@@ -69,8 +70,8 @@ class Machine:
     n_nodes: int
     gpus_per_node: int
     min_comp_cap: int
-    ring: Graph
-    tree: Graph
+    ring: GraphFigures
+    tree: GraphFigures
     max_comp_cap: int | None = None
     cpu_arch: str = "x86"        # x86 | power | arm
     cpu_vendor: str = "intel"    # intel | amd | mixed | other (the net overhead and LL caps depend on it)
@@ -187,7 +188,7 @@ class CostModel:
                     self.lat[func][a][p] = lat
         self._apply_enables()
 
-    def _ll128_auto(self, g: Graph) -> bool:
+    def _ll128_auto(self, g: GraphFigures) -> bool:
         """LL128 "auto" (``protoEnable == 2``): Hopper+ up to PXN (NCCL_LL128_C2C=1), else up to PXB; NVB intra;
         same compute capability or >= 90; compute capability >= 70."""
         m = self.m

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import os
 
+from collectives.include.bitops import div_up
+from collectives.include.device import MAXCHANNELS
+
 from .topo import (CPU, DEV, GPU, LINK_LOC, LINK_NET, LINK_NVL, LINK_PCI, LOC_BW, NET, NODE_TYPES, NVS, PATH_C2C,
                    PATH_DIS, PATH_LOC, PATH_NET, PATH_NVB, PATH_NVL, PATH_P2C, PATH_PHB, PATH_PXB, PATH_PXN,
                    PATH_SYS, PATH_TYPES, PCI, ARCH_X86, VENDOR_AMD, Node, Path, System, f32)
 from .topo_xml import TopoError
-
-MAXCHANNELS = 64
 
 
 def _ensure(node: Node, t: int, system: System) -> list[Path]:
@@ -117,7 +118,7 @@ def local_net(system: System, rank: int, channel: int) -> int:
     if not nets:
         raise TopoError(f"no local path from GPU {g} to a NIC")
     gpus, _ = get_local(system, NET, nets[0], GPU)
-    per_gpu = -(-len(nets) // len(gpus))
+    per_gpu = div_up(len(nets), len(gpus))
     net = system.nodes[GPU][g].dev % len(gpus)
     if len(nets) & (len(nets) - 1) == 0:
         net = _mirror_bits(net, len(nets))

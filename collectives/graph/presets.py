@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from .cost_model import Graph, Machine, TunerConstants
+from .cost_model import GraphFigures, Machine, TunerConstants
 
 TOPOLOGIES = Path(__file__).resolve().parent.parent.parent / "topologies"
 # Single-node presets read from a public topology file, searched as NCCL would (collectives.graph.init_topo).
@@ -20,7 +20,7 @@ PRESET_TOPOLOGIES = {"dgx-a100": ("azure-ndv4-topo.xml", 80), "dgx-h100": ("azur
 
 
 @functools.lru_cache(maxsize=None)
-def searched(name: str) -> tuple[Graph, Graph, int] | None:
+def searched(name: str) -> tuple[GraphFigures, GraphFigures, int] | None:
     """(ring, tree, Postset channels) NCCL's search finds on the preset's topology file, or None without it."""
     from .init_topo import run_topology
     from .topo_feed import cost_graph
@@ -53,14 +53,13 @@ SOURCES = {
                   "30/30' (tree).",
     "pcie-graph": "NVIDIA/nccl-tests#307 (8x RTX 4090 on PCIe): 'Pattern 4, crossNic 0, nChannels 1, bw "
                   "5.000000/5.000000, type SYS/PIX, sameChannels 1'.",
-    "cpu-lab": "measured on this lab's 2-core machine with benchmarks/latency.py and allreduce_vs_mpi.py (n=2): "
-               "Simple 29 us, LL 32 us, LL128 36 us at 8 B through the readable primitives; Ring/LL compiled "
-               "4.1-4.7 us at 8 B-1 KiB (2026-11-30); about 6 GB/s busbw per channel at 1-64 MiB.",
+    "cpu-lab": "measured on this lab's 2-core machine with benchmarks/latency.py and allreduce_vs_mpi.py (n=2); "
+               "the runs are in docs/measured.md.",
 }
 
 
 def dgx_a100(nodes: int = 1) -> Machine:
-    g = Graph(12, 20.0, 20.0 if nodes == 1 else 20.0, "NVL", "PIX")
+    g = GraphFigures(12, 20.0, 20.0 if nodes == 1 else 20.0, "NVL", "PIX")
     return _from_topology("dgx-a100", Machine(
         f"dgx-a100 x{nodes}", nodes, 8, 80, ring=g, tree=g, cpu_vendor="amd",
         sources={"graph": SOURCES["a100-graph"],
@@ -68,13 +67,13 @@ def dgx_a100(nodes: int = 1) -> Machine:
 
 
 def dgx_h100(nodes: int = 1) -> Machine:
-    g = Graph(12, 30.0, 30.0, "NVL", "PIX")
+    g = GraphFigures(12, 30.0, 30.0, "NVL", "PIX")
     return _from_topology("dgx-h100", Machine(f"dgx-h100 x{nodes}", nodes, 8, 90, ring=g, tree=g,
                                               cpu_vendor="intel", sources={"graph": SOURCES["h100-graph"]}))
 
 
 def pcie_box(gpus: int = 8, comp_cap: int = 89) -> Machine:
-    g = Graph(1, 5.0, 5.0, "SYS", "PIX")
+    g = GraphFigures(1, 5.0, 5.0, "SYS", "PIX")
     return Machine(f"pcie-{gpus}x-cc{comp_cap}", 1, gpus, comp_cap, ring=g, tree=g, cpu_vendor="intel",
                    sources={"graph": SOURCES["pcie-graph"]})
 
@@ -83,9 +82,7 @@ def pcie_box(gpus: int = 8, comp_cap: int = 89) -> Machine:
 # capability 0, so LL128 is off unless NCCL_PROTO names it).  The tuner constants are replaced by values measured
 # here, as a tuner plugin would: base latency + 3 us per ring or tree step inside a node, except Ring/LL, which
 # runs compiled (``device/ll_compiled``): 2.5 us + 1 us per step.  A step across emulated nodes goes through the
-# Python proxy thread on both sides: hundreds of microseconds with 4 ranks and their proxies on 2 cores (measured
-# with python -m collectives.ring -g 4 --nodes 2 -b 8 -e 8 per NCCL_ALGO/NCCL_PROTO, 2026-11-30: Tree/Simple
-# 750 us, Tree/LL 1228, Ring/Simple 1772, Ring/LL 2320; the NET row below is what those give per step).
+# Python proxy thread on both sides, hundreds of microseconds (the runs behind both rows: docs/measured.md).
 # Rows: Tree, Ring; columns: LL, LL128, Simple.
 _INTRA = ((3.0, 3.0, 3.0), (1.0, 3.0, 3.0), *((0, 0, 0),) * 5)
 _NET = ((600.0, 600.0, 360.0), (1155.0, 1155.0, 860.0), *((0, 0, 0),) * 5)
@@ -99,7 +96,7 @@ def cpu_lab(nranks: int, nodes: int = 1, nchannels: int = 1, comm_channels: int 
             bw_per_channel: float = 6.0) -> Machine:
     """``nchannels``: the channels the search would find (one ring per channel); ``comm_channels``: after
     ``ncclTopoPostset`` doubles them (default 2x)."""
-    g = Graph(nchannels, bw_per_channel, bw_per_channel, "PHB", "PHB")
+    g = GraphFigures(nchannels, bw_per_channel, bw_per_channel, "PHB", "PHB")
     return Machine(f"cpu-lab n={nranks}", nodes, max(1, nranks // max(1, nodes)), 0, ring=g, tree=g,
                    cpu_vendor="amd", comm_channels=comm_channels or min(64, 2 * nchannels),
                    algorithms=("Tree", "Ring"), constants=CPU_CONSTANTS, sources={"constants": SOURCES["cpu-lab"]})

@@ -4,8 +4,8 @@
 
 What the log gives: ranks, nodes and hosts (``comm ... nRanks N nNodes K``, each line's ``host:pid:tid`` prefix;
 node index = first appearance scanning ranks 0..N-1, like ``nodesFirstRank``), the ``Trees`` lines, and, in
-GRAPH logs, the tree search's channel lines.  INIT logs never print the tree search's intra-node order (NCCL_FACTS
-§4.5), so each node's chain per channel is read from the log's own intra-node tree links (or the GRAPH lines when
+GRAPH logs, the tree search's channel lines.  INIT logs never print the tree search's intra-node order (``ncclTopoCompute``'s
+chains are only in GRAPH logs; docs/trees.md), so each node's chain per channel is read from the log's own intra-node tree links (or the GRAPH lines when
 present); every inter-node link is then rebuilt: ``get_dtree`` over nodes, attachment ranks by pattern
 (BALANCED_TREE, SPLIT_TREE, TREE; a one-rank node is always TREE), and the channel layout: after Postset doubling to
 D channels, c < D/2 takes tree 0 and the rest tree 1, and channels past D are copies (CollNet's n + n/2, the Hopper
@@ -40,11 +40,6 @@ def nodes_of(log: NcclLog, nranks: int) -> list[int]:
     for h in hosts:
         order.setdefault(h, len(order))
     return [order[h] for h in hosts]
-
-
-def chains_from_log(tree: dict, node_of: list[int], nnodes: int) -> list[list[int]]:
-    """Each node's intra-node chain in one channel: from the rank whose parent is off-node, follow intra children."""
-    return [_chain(tree, [r for r in tree if node_of[r] == node], node_of, node) for node in range(nnodes)]
 
 
 def _chain(tree: dict, members: list[int], node_of: list[int], node: int) -> list[int]:

@@ -22,13 +22,15 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from collectives.include.bitops import div_up
+from collectives.include.device import MAXCHANNELS
+
 from .paths import gpu_min_max_path, local_net
 from .topo import (ARCH_POWER, ARCH_X86, CPU, DEV, GPU, LINK_NVL, LINK_PCI, NET, NVS, PATH_DIS, PATH_LOC,
                    PATH_PHB, PATH_PIX, PATH_SYS, PATH_TYPES, VENDOR_AMD, VENDOR_INTEL, System, f32)
 
 BALANCED_TREE, SPLIT_TREE, TREE, RING, NVLS, COLLNET_DIRECT = 1, 2, 3, 4, 5, 6
 PATTERN_NAMES = {1: "BALANCED_TREE", 2: "SPLIT_TREE", 3: "TREE", 4: "RING", 5: "NVLS", 6: "COLLNET_DIRECT"}
-MAXCHANNELS = 64
 NCCL_MAX_NVLS_ARITY = 32
 GLOBAL_TIMEOUT = 1 << 19
 TIMEOUT = 1 << 14
@@ -343,7 +345,7 @@ def dup_channels(graph: Graph, cc_min: int) -> None:
     for c in range(graph.n_channels, dup):
         graph.intra[c] = list(graph.intra[c - graph.n_channels])
         graph.inter[c] = list(graph.inter[c - graph.n_channels])
-    div = -(-dup // graph.n_channels)
+    div = div_up(dup, graph.n_channels)
     graph.bw_intra = f32(graph.bw_intra / div)
     graph.bw_inter = f32(graph.bw_inter / div)
     graph.n_channels = dup

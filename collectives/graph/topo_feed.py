@@ -9,7 +9,7 @@ communicator's search channel count is the graph's and Postset doubles it), ``NC
 from __future__ import annotations
 
 from .connect import Channels
-from .cost_model import Graph as CostGraph
+from .cost_model import GraphFigures
 from .cost_model import Machine
 from .init_topo import TopoResult
 from .search import PATTERN_NAMES, Graph
@@ -27,8 +27,8 @@ def lab_env(ch: Channels) -> dict[str, str]:
             "NCCLLAB_TREE_PATTERN": ch.tree_pattern}
 
 
-def cost_graph(g: Graph) -> CostGraph:
-    return CostGraph(g.n_channels, g.bw_intra, g.bw_inter, PATH_TYPES[g.type_intra], PATH_TYPES[g.type_inter],
+def cost_graph(g: Graph) -> GraphFigures:
+    return GraphFigures(g.n_channels, g.bw_intra, g.bw_inter, PATH_TYPES[g.type_intra], PATH_TYPES[g.type_inter],
                      g.latency_inter, bool(g.same_channels))
 
 

@@ -13,11 +13,12 @@ import os
 
 import numpy as np
 
+from collectives.include.device import (FUNCS, NCCL_LL128_MAX_NTHREADS, NCCL_LL_MAX_NTHREADS, NCCL_MAX_NTHREADS,
+                                        NCCL_SIMPLE_MAX_NTHREADS, WARP_SIZE)
+from collectives.include.protocols import PROTOS
 from collectives.misc.param import env_int
 from tracing import debug
-from collectives.include.protocols import PROTOS
 
-FUNCS = ("Broadcast", "Reduce", "AllGather", "ReduceScatter", "AllReduce")
 ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
 
 
@@ -70,11 +71,7 @@ def parse_list(text: str, elems: tuple, what: str, prefixes: tuple = FUNCS,
     return table
 
 
-# ncclTopoTuneModel's thread counts (src/include/device.h, src/graph/topo.h)
-WARP_SIZE = 32
-SIMPLE_MAX_NTHREADS = LL_MAX_NTHREADS = 512
-LL128_MAX_NTHREADS = MAX_NTHREADS = 640
-PCI_BW = 12.0  # GB/s, PCI Gen3 x16
+PCI_BW = 12.0  # GB/s, PCI Gen3 x16 (src/graph/topo.h)
 
 
 def get_nthreads(name: str, env: int, lo: int, hi: int, default: int) -> int:
@@ -104,19 +101,19 @@ def max_threads(ring_bw_intra: float, ring_nchannels: int) -> dict[tuple[str, st
     nt_env = env_int("NCCL_NTHREADS", -2)
     ll128_env = env_int("NCCL_LL128_NTHREADS", -2)
     f32 = float(np.float32(np.float32(ring_bw_intra) * ring_nchannels))  # float * int in NCCL
-    simple_default = 256 if f32 <= PCI_BW else SIMPLE_MAX_NTHREADS
+    simple_default = 256 if f32 <= PCI_BW else NCCL_SIMPLE_MAX_NTHREADS
     out = {(a, p): 0 for a in ALGOS for p in PROTOS}
-    out[("Ring", "Simple")] = get_nthreads("NCCL_NTHREADS", nt_env, 2 * WARP_SIZE, SIMPLE_MAX_NTHREADS,
+    out[("Ring", "Simple")] = get_nthreads("NCCL_NTHREADS", nt_env, 2 * WARP_SIZE, NCCL_SIMPLE_MAX_NTHREADS,
                                            simple_default)
-    out[("Tree", "Simple")] = get_nthreads("NCCL_NTHREADS", nt_env, 2 * WARP_SIZE, SIMPLE_MAX_NTHREADS,
-                                           SIMPLE_MAX_NTHREADS)
+    out[("Tree", "Simple")] = get_nthreads("NCCL_NTHREADS", nt_env, 2 * WARP_SIZE, NCCL_SIMPLE_MAX_NTHREADS,
+                                           NCCL_SIMPLE_MAX_NTHREADS)
     for a in ("CollNetDirect", "CollNetChain", "NVLS", "NVLSTree"):
-        out[(a, "Simple")] = MAX_NTHREADS
+        out[(a, "Simple")] = NCCL_MAX_NTHREADS
     out[("Ring", "LL")] = out[("Tree", "LL")] = get_nthreads("NCCL_NTHREADS", nt_env, 2 * WARP_SIZE,
-                                                             LL_MAX_NTHREADS, LL_MAX_NTHREADS)
+                                                             NCCL_LL_MAX_NTHREADS, NCCL_LL_MAX_NTHREADS)
     out[("Ring", "LL128")] = out[("Tree", "LL128")] = get_nthreads("NCCL_LL128_NTHREADS", ll128_env,
-                                                                   LL128_MAX_NTHREADS // 4, LL128_MAX_NTHREADS,
-                                                                   LL128_MAX_NTHREADS)
+                                                                   NCCL_LL128_MAX_NTHREADS // 4, NCCL_LL128_MAX_NTHREADS,
+                                                                   NCCL_LL128_MAX_NTHREADS)
     return out
 
 

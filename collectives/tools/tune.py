@@ -17,7 +17,7 @@ import json
 import sys
 
 from collectives.graph import tuning
-from collectives.graph.cost_model import CostModel, Graph, Machine
+from collectives.graph.cost_model import CostModel, GraphFigures, Machine
 from collectives.graph.presets import PRESETS, preset
 from collectives.perf.colls import BY_CLI, COLLECTIVES
 from collectives.perf.args import parse_size, sizes
@@ -38,8 +38,8 @@ def machine_from_args(a) -> Machine:
         if a.gpus and a.preset != "cpu":
             m = Machine(**{**m.__dict__, "gpus_per_node": a.gpus})
         return m
-    ring = Graph(a.ring_channels, a.ring_bw, a.ring_bw_inter or a.ring_bw, a.intra, a.inter)
-    tree = Graph(a.tree_channels or a.ring_channels, a.tree_bw or a.ring_bw,
+    ring = GraphFigures(a.ring_channels, a.ring_bw, a.ring_bw_inter or a.ring_bw, a.intra, a.inter)
+    tree = GraphFigures(a.tree_channels or a.ring_channels, a.tree_bw or a.ring_bw,
                  a.tree_bw_inter or a.tree_bw or a.ring_bw, a.intra, a.inter)
     return Machine("custom", a.nodes or 1, a.gpus or 8, a.cc, ring=ring, tree=tree, cpu_vendor=a.cpu_vendor)
 
