@@ -103,8 +103,12 @@ def _reply(conn, kind: int, host: str = "", port: int = 0, error: str = "") -> N
 
 
 def _fail_all(joined: dict, error: str, *extra) -> BootstrapError:
-    for j in [*joined.values(), *extra]:
-        _reply(j.conn if isinstance(j, _Joined) else j, REPLY_ERROR, error=error)
+    # Rank 0 last: it shares this process, and once it has its answer it raises and the process may exit before
+    # this thread has answered the others, who would then see only a closed connection.
+    conns = [j.conn for r, j in joined.items() if r != 0] + list(extra)
+    conns += [joined[0].conn] if 0 in joined else []
+    for conn in conns:
+        _reply(conn, REPLY_ERROR, error=error)
     return BootstrapError(error)
 
 
