@@ -21,7 +21,7 @@ SENDMEM_BYTES = 4096
 RECVMEM_BYTES = 4096
 HEAD_OFFSET = 0
 TAIL_OFFSET = 0
-SLEEP_OFFSET = 64     # uint32 "a waiter sleeps on this line" mark (ours: futex sleeping, see misc/futex.py)
+SLEEP_OFFSET = 64     # uint32 "a waiter sleeps on this line" mark (ours: futex sleeping, see collectives/misc/futex.py)
 DOORBELL_OFFSET = 128  # uint32 bumped by an LL/LL128 sender when its reader sleeps (ours, same reason)
 
 
