@@ -8,7 +8,8 @@
     ncclTopoPreset / ncclTopoPostset -> connect.postset
 
 Every rank runs the same search on the same fused system, so one search stands for all ranks (NCCL checks
-this across ranks with its AllGather3 min/max; so does the fixture harness).
+this across ranks with its AllGather3 min/max; so does the fixture harness).  ``search_node`` is the part up to
+the searches, for one node of a larger communicator too (``init_cluster``: NETs at the channels' ends).
 """
 from __future__ import annotations
 

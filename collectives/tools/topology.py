@@ -9,7 +9,9 @@ Runs the steps of ``initTransportsRank`` (``collectives.graph.init_topo``) with 
 PCI order, and prints NCCL's INFO lines: ``=== System ...`` with the node tree and paths (``ncclTopoPrint``),
 ``Pattern ...`` and the channel GPU lines per graph (``ncclTopoPrintGraph``), each rank's ``Tree`` lines, rank 0's
 ``Channel NN/MM :`` rings and every rank's ``Ring NN`` and ``Trees`` lines.  Lines are ``[rank] NCCL INFO ...``
-(NCCL's ``host:pid:tid`` prefix dropped); lines starting with ``#`` are ours.
+(NCCL's ``host:pid:tid`` prefix dropped); lines starting with ``#`` are ours.  With ``--nodes K``
+(``collectives.graph.init_cluster``): K identical nodes, ranks node-major, NETs at both ends of every channel, and
+every rank's lines as ``node<n> [<local rank>] NCCL INFO ...``.
 
 Bare files (GPUs and NICs as plain PCI nodes, like the Azure files published for NCCL_TOPO_FILE) need stand-ins
 for what NCCL asks NVML and the net plugin: ``--sm``, ``--nvlinks`` (default: NCCL's per-SM maximum, all to one
@@ -80,6 +82,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     stand = StandIns(sm=a.sm, nvlinks=a.nvlinks, nics=not a.no_nics, nic_speed=a.nic_speed)
     if a.nodes != 1:
+        if a.brief or a.explain or a.nvls or a.dump_xml:
+            print("python -m collectives.tools.topology: --brief, --explain, --nvls and --dump-xml are one-node "
+                  "options (not with --nodes)", file=sys.stderr)
+            return 2
         try:
             lines = render_cluster(run_cluster(a.xml, a.nodes, a.nranks, stand))
         except (TopoError, NotImplementedError, ValueError) as e:
