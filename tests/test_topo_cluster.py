@@ -7,7 +7,7 @@ import pytest
 
 from collectives.graph.connect import TopoRanks, postset_rank
 from collectives.graph.init_cluster import run_cluster
-from collectives.graph.search import PATTERN_NAMES, _net_name
+from collectives.graph.search import PATTERN_NAMES, net_name
 from collectives.graph.topo import PATH_TYPES
 from collectives.graph.topo_xml import StandIns
 from collectives.graph.trees import get_dtree
@@ -57,8 +57,8 @@ def summary_lines(r) -> list[str]:
                    f"sameChannels {g.same_channels}")
         for c in range(g.n_channels):
             ranks = " ".join(str(x) for x in g.intra[c][:r.local_ranks])
-            out.append(f"ORACLE {name} channel {c:2d} ranks: {ranks} nets: {_net_name(g.inter[c][0])} "
-                       f"{_net_name(g.inter[c][1])}")
+            out.append(f"ORACLE {name} channel {c:2d} ranks: {ranks} nets: {net_name(g.inter[c][0])} "
+                       f"{net_name(g.inter[c][1])}")
     ring, tree = r.aligned
     n = min(ring.n_channels, tree.n_channels)
     patterns = " ".join(str(t.pattern) for t in r.trees)
@@ -151,3 +151,23 @@ def test_cross_nic_2_swaps_odd_nodes_on_each_ranks_own_copy():
         for ch in results:
             assert ch.rings[0] == ring0 and ch.rings[2] == ring0 and ch.n == 4
         assert data[2].ring_recv == [2, 3]        # the all-gathered data itself is left as it was
+
+
+def test_hopper_across_nodes_doubles_again_above_45():
+    """ncclTopoPostset: with minCompCap >= 90, more than one node and a ring bwIntra above 45 GB/s, channels are
+    copied once more (below 16): 2 search channels -> 4 after Postset -> 8; not at exactly 45, nor on sm80."""
+    def ranks(chain, rank):
+        i = chain.index(rank)
+        t = TopoRanks(*([-1] * 2 for _ in range(7)), cross_nic_ring=0)
+        for c in range(2):
+            t.ring_recv[c], t.ring_send[c] = chain[0], chain[-1]
+            t.ring_prev[c] = chain[i - 1] if i else -1
+            t.ring_next[c] = chain[i + 1] if i < len(chain) - 1 else -1
+            t.tree_to_parent[c] = t.tree_to_child0[c] = t.tree_to_child1[c] = chain[0]
+        return t
+    data = [ranks([0, 1], 0), ranks([0, 1], 1), ranks([2, 3], 2), ranks([2, 3], 3)]
+    chains = [[0, 1, 2, 3], [0, 1, 2, 3]]
+
+    def count(cc, bw):
+        return postset_rank(0, 2, data, [0, 2], [0, 0, 1, 1], chains, ["TREE", "TREE"], cc, bw).n
+    assert (count(90, 48.0), count(90, 45.0), count(80, 48.0)) == (8, 4, 4)

@@ -104,7 +104,7 @@ def preset(ring: Graph, tree: Graph, rank: int, n: int) -> TopoRanks:
             t.ring_next[c] = order[i + 1] if i < len(order) - 1 else -1
         chain = tree.intra[c]
         if rank in chain:
-            # treeIntra[1] on a one-rank node is the next channel's entry in NCCL: the same rank
+            # a one-rank node always searches TREE (ncclTopoCompute), so its indices stay 0; min() only guards
             t.tree_to_parent[c] = chain[0]
             t.tree_to_child0[c] = chain[min(child0, len(chain) - 1)]
             t.tree_to_child1[c] = chain[min(child1, len(chain) - 1)]
@@ -185,7 +185,7 @@ def tree_pattern_name(graph: Graph) -> str:
 def postset(ring: Graph, tree: Graph) -> Channels:
     """``ncclTopoPreset`` + ``ncclTopoPostset`` for one node: double, clamp, copy."""
     n = min(ring.n_channels, tree.n_channels)
-    ranks = sorted(ring.intra[0][:len([r for r in ring.intra[0] if r >= 0])])
+    ranks = sorted(ring.intra[0])
     all_ranks = [preset(ring, tree, r, n) for r in ranks]
     return postset_rank(0, n, all_ranks, [ring.intra[0][0]] if n else [0], [0] * len(ranks),
                         [tree.intra[c] for c in range(n)], [tree_pattern_name(tree)])

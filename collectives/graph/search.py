@@ -630,7 +630,7 @@ def split_nvlink(system: System) -> bool:
     return sum(1 for c in counts if c > 1) == 2
 
 
-def _net_name(net_id: int) -> str:
+def net_name(net_id: int) -> str:
     """``NET/<system id>-<local id>`` of a NET topology id (also for -1, printed as NCCL's %lx does)."""
     net_id &= (1 << 64) - 1
     return f"NET/{net_id >> 56:x}-{net_id & 0x00ffffffffffffff:x}"
@@ -645,13 +645,13 @@ def print_graph(system: System, graph: Graph) -> list[str]:
     for c in range(graph.n_channels):
         line = f"{c:2d} :"
         if system.inter:
-            line += " " + _net_name(graph.inter[c][0])
+            line += " " + net_name(graph.inter[c][0])
         for i, rank in enumerate(graph.intra[c][:len(gpus)]):
             line += " " + gpus[system.gpu_by_rank(rank)].name()
             if graph.id == 3:
                 break
         if system.inter:
-            line += " " + _net_name(graph.inter[c][1])
+            line += " " + net_name(graph.inter[c][1])
         out.append(line)
     return out
 
