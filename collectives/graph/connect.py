@@ -126,9 +126,13 @@ def postset_rank(rank: int, n: int, all_ranks: list[TopoRanks], first_ranks: lis
     """``ncclTopoPostset`` as ``rank`` runs it on its own copy of the all-gathered ``all_ranks``: the crossNic-2
     swap of odd nodes' channel pairs (in place, on this copy), connectRings, the trees, Postset's doubling, the
     Hopper doubling across nodes, NCCL_MAX/MIN_NCHANNELS and CTAs.  ``tree_chains[c]`` is channel c's tree chains
-    of every node, concatenated; ``n`` the aligned search channels."""
+    of every node, concatenated; ``n`` the aligned search channels.  The trees come from those chains through
+    ``trees.connect_trees``: its attachment ranks are Preset's treeToParent/Child0/Child1, which the swap leaves
+    alone."""
     mine = copy.deepcopy(all_ranks)
     nranks, nnodes = len(mine), len(first_ranks)
+    if not 0 <= rank < nranks:
+        raise ValueError(f"rank {rank} outside the {nranks} ranks gathered")
     for r, t in enumerate(mine):
         if t.cross_nic_ring == 2 and n % 2 == 0 and node_of[r] % 2 == 1:
             for c in range(0, n, 2):
