@@ -8,7 +8,8 @@
     ncclTopoPreset / ncclTopoPostset -> connect.postset
 
 Every rank runs the same search on the same fused system, so one search stands for all ranks (NCCL checks
-this across ranks with its AllGather3 min/max; so does the fixture harness).
+this across ranks with its AllGather3 min/max; so does the fixture harness).  ``search_node`` is the part up to
+the searches, for one node of a larger communicator too (``init_cluster``: NETs at the channels' ends).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ class TopoResult:
     ring: Graph
     tree: Graph
     nvls: Graph | None
-    channels: Channels
+    channels: Channels | None
     load_lines: list = field(default_factory=list)     # loading and stand-in lines
     system_lines: list = field(default_factory=list)   # ncclTopoPrint's tree (=== System ... ===)
     path_lines: list = field(default_factory=list)     # ncclTopoPrintPaths
@@ -49,20 +50,22 @@ class TopoResult:
         return self.load_lines + self.system_lines + self.path_lines + self.graph_lines
 
 
-def run_topology(path: str, nranks: int | None = None, stand: StandIns = StandIns(), nvls: bool = False
-                 ) -> TopoResult:
-    """Run NCCL's topology steps on ``path``; ``nranks`` defaults to every GPU of the file."""
+def search_node(path: str, nranks: int | None = None, stand: StandIns = StandIns(), nvls: bool = False,
+                first_rank: int = 0, comm_nranks: int | None = None) -> TopoResult:
+    """The steps of ``initTransportsRank`` up to the searches, for the node whose ranks are ``first_rank`` ...
+    ``first_rank + nranks - 1`` of a communicator of ``comm_nranks`` (default: this node alone, so no NETs in the
+    channels); ``channels`` is left None (Postset needs every node)."""
     xml = load_xml(path)
     nranks = nranks or len(gpu_pcis(xml))
     notes: list[str] = []
     load = [f"Loading topology file {path}", "Loading " + (f"topology {xml.attrs['name']}" if "name" in xml.attrs
                                                           else "unnamed topology")]
     fill_log: list[str] = []
-    fused = fused_xml(xml, nranks, stand, fill_log)
+    fused = fused_xml(xml, nranks, stand, fill_log, first_rank)
     load += fill_log
     system = system_from_xml(fused)
     compute_paths(system)
-    trim_system(system, 0, nranks)
+    trim_system(system, first_rank, comm_nranks or nranks)
     compute_paths(system)
     search_init(system)
     graph_lines: list[str] = []
@@ -84,5 +87,13 @@ def run_topology(path: str, nranks: int | None = None, stand: StandIns = StandIn
     if len(system.nodes[GPU]) != nranks:
         raise TopoError(f"{len(system.nodes[GPU])} GPUs in the system for {nranks} ranks (GPUs sharing a bus id, "
                         f"or a <gpu> without a rank?)")
-    return TopoResult(system, ring, tree, nv, postset(ring, tree), load, print_system(system), print_paths(system),
+    return TopoResult(system, ring, tree, nv, None, load, print_system(system), print_paths(system),
                       graph_lines, notes, trace)
+
+
+def run_topology(path: str, nranks: int | None = None, stand: StandIns = StandIns(), nvls: bool = False
+                 ) -> TopoResult:
+    """Run NCCL's topology steps on ``path``; ``nranks`` defaults to every GPU of the file."""
+    r = search_node(path, nranks, stand, nvls)
+    r.channels = postset(r.ring, r.tree)
+    return r

@@ -1,7 +1,8 @@
 """NCCL's graph search (``src/graph/search.cc``: ``ncclTopoCompute``, ``ncclTopoSearchRec``,
 ``ncclTopoSearchRecGpu``, ``ncclTopoSearchTryGpu``, ``ncclTopoSearchNextGpuSort``, ``ncclTopoFollowPath``,
 ``followPath``, ``ncclTopoCompareGraphs``, ``ncclTopoSearchTryNvls``, ``ncclTopoDupChannels``,
-``ncclTopoPrintGraph``).
+``ncclTopoPrintGraph``; across nodes ``ncclTopoSearchRecNet``, ``ncclTopoSearchParams``,
+``ncclTopoSearchCheckNet``; the NIC lists are in nets.py).
 
 The search is a depth-first walk that builds one channel (an ordered list of every GPU) at a time, each hop
 subtracting the channel's bandwidth from every link on its path (``followPath``; undone on the way back), and
@@ -13,8 +14,9 @@ The recursion (``ncclTopoSearchRec`` -> ``TryGpu`` -> ``RecGpu`` -> ... -> the n
 call for call, but as generators run on an explicit stack (``Search.run``): in C it is channels x GPUs frames
 deep, past Python's recursion limit from 64 GPUs.
 
-One node only: the NET search (``ncclTopoSearchRecNet``, crossNic, the inter-node speed arrays) and CollNet are
-not ported; ``Graph.inter`` keeps NCCL's layout so they can follow.
+Across nodes (``system.inter``) each channel starts at a NET, visits the node's GPUs and goes back to a NET
+(``ncclTopoSearchRecNet``), with the inter-node speed arrays, typeInter widened up to the GPUs' worst NET path and
+crossNic 0/1/2 (NCCL_CROSS_NIC).  Not ported on purpose: CollNet (no SHARP plugin), NCCL_GRAPH_FILE.
 """
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ from dataclasses import dataclass, field
 from collectives.include.bitops import div_up
 from collectives.include.device import MAXCHANNELS
 
-from .paths import gpu_min_max_path, local_net
+from .nets import gpu_pci_bw, net_index, select_nets
+from .paths import get_local, gpu_min_max_path
 from .topo import (ARCH_POWER, ARCH_X86, CPU, DEV, GPU, LINK_NVL, LINK_PCI, NET, NVS, PATH_DIS, PATH_LOC,
-                   PATH_PHB, PATH_PIX, PATH_SYS, PATH_TYPES, VENDOR_AMD, VENDOR_INTEL, System, f32)
+                   PATH_PHB, PATH_PIX, PATH_PXN, PATH_SYS, PATH_TYPES, VENDOR_AMD, VENDOR_INTEL, System, f32)
 
 BALANCED_TREE, SPLIT_TREE, TREE, RING, NVLS, COLLNET_DIRECT = 1, 2, 3, 4, 5, 6
 PATTERN_NAMES = {1: "BALANCED_TREE", 2: "SPLIT_TREE", 3: "TREE", 4: "RING", 5: "NVLS", 6: "COLLNET_DIRECT"}
@@ -41,10 +44,20 @@ FORCED_ORDER_PCI, FORCED_ORDER_REPLAY = 1, 2
 SPEED_INTRA = (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0)
 SPEED_INTRA_SM90 = (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0)
 SPEED_INTRA_SM100 = (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0)
+SPEED_INTER = (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2,
+               0.24, 0.12)
+SPEED_INTER_SM90 = (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24,
+                    0.12)
+SPEED_INTER_SM100 = (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0,
+                     3.0, 2.4, 1.2, 0.24, 0.12)
 
 
-def speed_array(cc_min: int) -> tuple:
-    """The intra-node speeds ``ncclTopoCompute`` tries, by the smallest compute capability."""
+def speed_array(cc_min: int, inter: int = 0) -> tuple:
+    """The speeds ``ncclTopoCompute`` tries, by the smallest compute capability and whether NETs are in the
+    channel (C float arrays: each value as a float32)."""
+    if inter:
+        speeds = SPEED_INTER_SM100 if cc_min >= 100 else SPEED_INTER_SM90 if cc_min >= 90 else SPEED_INTER
+        return tuple(f32(x) for x in speeds)
     return SPEED_INTRA_SM100 if cc_min >= 100 else SPEED_INTRA_SM90 if cc_min >= 90 else SPEED_INTRA
 
 
@@ -170,14 +183,18 @@ class Search:
         n = len(gpus)
         start = gpus.index(gpu)
         paths = gpu.paths[GPU]
+        net_paths = None
+        if sort_net:   # getNetPaths: the paths from this channel's starting NET
+            net_paths = self.s.nodes[NET][net_index(self.s, graph.inter[graph.n_channels][0])].paths[GPU]
         scores = []
         for i in range(1, n):
             g = (start + i) % n
             if paths[g].count == 0 or gpus[g].used & flag:
                 continue
-            scores.append((g, i, paths[g].count, int(paths[g].bw)))
-        # cmpScore without the NET fields (all zero on one node): intraBw desc, intraNhops asc, startIndex asc
-        scores.sort(key=lambda s: (-s[3], s[2], s[1]))
+            inter = (int(net_paths[g].bw), gpu_pci_bw(gpus[g]), net_paths[g].count) if net_paths else (0, 0, 0)
+            scores.append((g, i, paths[g].count, int(paths[g].bw)) + inter)
+        # cmpScore: interBw desc, interPciBw desc, interNhops asc, intraBw desc, intraNhops asc, startIndex asc
+        scores.sort(key=lambda s: (-s[4], -s[5], s[6], -s[3], s[2], s[1]))
         same = all(s[3] == scores[0][3] and s[2] == scores[0][2] for s in scores) if scores else True
         nxt = [s[0] for s in (reversed(scores) if sort_net == -1 and same else scores)]
         count = len(nxt)
@@ -295,8 +312,9 @@ class Search:
         row[step] = gpu.rank
         g = self.s.nodes[GPU].index(gpu)
         if step == back_net:
-            raise NotImplementedError("multi-node search (ncclTopoSearchRecNet) is not ported")
-        if graph.pattern == NVLS:
+            if self.s.inter:
+                yield self.back_to_net(graph, save, gpu, g, step, back_first, forced)
+        elif graph.pattern == NVLS:
             yield self.try_nvls(graph, save, g, ngpus)
         elif step < ngpus - 1:
             if forced == FORCED_ORDER_PCI:
@@ -316,11 +334,95 @@ class Search:
         else:
             yield self.rec_gpu(graph, save, gpu, ngpus, -1, -1, forced)
 
+    def back_to_net(self, graph, save, gpu, g, step, back_first, forced):
+        """The ``step == backToNet`` branch of ``ncclTopoSearchRecGpu``: leave the node through every NIC the
+        channel may end at (a balanced tree counts half the bandwidth on each of its first two GPUs)."""
+        start = self.s.nodes[NET][net_index(self.s, graph.inter[graph.n_channels][0])]
+        for n in select_nets(self.s, graph.type_inter, g):
+            if not check_net(graph, start, self.s.nodes[NET][n], step):
+                continue
+            next_back = -1
+            bw_save = graph.bw_inter
+            if graph.pattern == BALANCED_TREE:
+                if step == 0:
+                    next_back = 1
+                graph.bw_inter = f32(graph.bw_inter / 2)
+            net = self.follow_path(graph, GPU, g, NET, n, 1)
+            graph.bw_inter = bw_save
+            if net is not None:
+                graph.inter[graph.n_channels][1] = net.id
+                yield self.rec_gpu(graph, save, gpu, step, next_back, back_first, forced)
+                if graph.pattern == BALANCED_TREE:
+                    graph.bw_inter = f32(graph.bw_inter / 2)
+                self.follow_path(graph, GPU, g, NET, n, -1)
+                graph.bw_inter = bw_save
+
+    def _take_net_bw(self, net, bw: int) -> None:
+        """Every NET on the same NIC port (asic and port) loses (bw > 0) or gets back ``bw``."""
+        for other in self.s.nodes[NET]:
+            if other.asic == net.asic and other.port == net.port:
+                other.bw = f32(other.bw - bw)
+
+    def rec_net(self, graph: Graph, save: Graph, back_net: int, back_first: int):
+        """``ncclTopoSearchRecNet``: start the channel at each candidate NIC in turn (rotated by the channel
+        number), replay the previous channel's first GPU, or try PCI order once (no NVSwitch), then the NIC's
+        local GPU, then its other closest GPUs."""
+        bw = int(graph.bw_inter)          # NCCL keeps it in an int
+        nets = select_nets(self.s, graph.type_inter, -1)
+        found = False
+        c = graph.n_channels
+        for i in range(len(nets)):
+            if graph.pattern in (NVLS, COLLNET_DIRECT) and found:
+                break
+            n = nets[(c + i) % len(nets)]
+            net = self.s.nodes[NET][n]
+            if graph.coll_net and net.coll == 0:
+                continue
+            if net.bw < bw:
+                continue
+            if graph.pattern == RING and graph.cross_nic == 2 and c & 1 and net.id != graph.inter[c - 1][1]:
+                continue
+            graph.inter[c][0] = net.id
+            graph.latency_inter = net.latency
+            self._take_net_bw(net, bw)
+            if graph.pattern in (NVLS, COLLNET_DIRECT):
+                # heads only: each NIC's local GPU, once
+                if c < len(nets) and net.local_gpu != -1:
+                    rank = self.s.nodes[GPU][net.local_gpu].rank
+                    if not any(graph.intra[gc][:1] == [rank] for gc in range(c)):
+                        yield self.try_gpu(graph, save, 0, back_net, back_first, 0, NET, n, net.local_gpu)
+                        found = True
+            elif c > 0 and graph.same_channels == 1:
+                yield self.try_gpu(graph, save, 0, back_net, back_first, FORCED_ORDER_REPLAY, NET, n,
+                                   self.replay_gpu(graph, -1))
+            else:
+                if c == 0 and not self.s.nodes[NVS]:
+                    # PCI order first as a reference, on its own small budget (NCCL's local ``t``)
+                    outer, self.time = self.time, 1 << 10
+                    yield self.try_gpu(graph, save, 0, back_net, back_first, FORCED_ORDER_PCI, NET, n, 0)
+                    t, self.time = self.time, outer
+                    if t == -1:
+                        self.time = -1
+                local = net.local_gpu
+                if local != -1:
+                    yield self.try_gpu(graph, save, 0, back_net, back_first, 0, NET, n, local)
+                gpus, path_type = get_local(self.s, NET, n, GPU)
+                if path_type == PATH_DIS:
+                    continue      # as NCCL: this skips giving the NIC's bandwidth back
+                for g in gpus:
+                    if g != local:
+                        yield self.try_gpu(graph, save, 0, back_net, back_first, 0, NET, n, g)
+            self._take_net_bw(net, -bw)
+
     def rec(self, graph: Graph, save: Graph):
-        """``ncclTopoSearchRec`` on one node: channel 0 tries PCI order first, later channels replay the
-        previous one; then (unless sameChannels) every GPU as the first."""
+        """``ncclTopoSearchRec``: across nodes from a NET (``rec_net``); on one node channel 0 tries PCI order
+        first, later channels replay the previous one; then (unless sameChannels) every GPU as the first."""
         if self.s.inter:
-            raise NotImplementedError("multi-node search (ncclTopoSearchRecNet) is not ported")
+            # ncclTopoSearchParams: back to a NET after the last GPU (ring), the second (split tree) or the first
+            ngpus = len(self.s.nodes[GPU])
+            back_net = ngpus - 1 if graph.pattern == RING else 1 if graph.pattern == SPLIT_TREE else 0
+            yield self.rec_net(graph, save, back_net, -1)
+            return
         back_first = len(self.s.nodes[GPU]) - 1 if graph.pattern == RING else -1
         if graph.pattern == NVLS:
             yield self.try_gpu(graph, save, 0, -1, back_first, 0, -1, -1, graph.n_channels)
@@ -333,6 +435,24 @@ class Search:
         if graph.same_channels == 0 or graph.n_channels == 0:
             for g in range(len(self.s.nodes[GPU])):
                 yield self.try_gpu(graph, save, 0, -1, back_first, 0, -1, -1, g)
+
+
+def check_net(graph: Graph, start, net, step: int) -> bool:
+    """``ncclTopoSearchCheckNet``: may the channel that started at NIC ``start`` leave through ``net``?  Trees
+    come back where they started; crossNic 2 rings alternate (an odd channel ends where the previous one
+    started); crossNic 0 needs the same NIC port (asic and port; NCCL's rail and plane ids are not modelled); a
+    balanced tree's second GPU goes to the NIC the first one chose."""
+    c = graph.n_channels
+    if graph.pattern == TREE and net.id != start.id:
+        return False
+    if graph.pattern == RING and graph.cross_nic == 2:
+        if c & 1 and net.id != graph.inter[c - 1][0]:
+            return False
+    elif graph.cross_nic == 0 and (net.asic != start.asic or net.port != start.port):
+        return False
+    if graph.pattern == BALANCED_TREE and step != 0 and net.id != graph.inter[c][1]:
+        return False
+    return True
 
 
 def dup_channels(graph: Graph, cc_min: int) -> None:
@@ -364,7 +484,12 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
     graph.bw_intra = graph.bw_inter = 0.0
     graph.latency_inter = 0.0
     min_intra, max_intra = (gpu_min_max_path(system, GPU) if ngpus > 1 else (PATH_LOC, PATH_SYS))
-    min_inter = PATH_PIX
+    min_inter, max_inter = PATH_PIX, PATH_SYS
+    if system.inter:
+        min_inter, max_inter = gpu_min_max_path(system, NET)
+        max_intra = max_inter
+    if cc_min < 90:      # Ampere's balanced trees sometimes come back through PHB or SYS
+        max_inter = PATH_SYS
     graph.type_intra, graph.type_inter = min_intra, min_inter
     graph.n_channels = 0
     try_same = 0 if graph.pattern == NVLS else 1
@@ -381,7 +506,7 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
         graph.min_channels = 2
 
     tmp = graph.copy()
-    speeds = speed_array(cc_min)
+    speeds = speed_array(cc_min, system.inter)
     search = Search(system)
     max_bw, total_bw = system.max_bw, system.total_bw
     if ndevs > 1 and graph.pattern != RING:
@@ -421,12 +546,18 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
                     tmp.pattern = TREE
                     continue
                 tmp.pattern = graph.pattern
-                if tmp.type_intra < max_intra and (graph.n_channels == 0 or tmp.type_intra < graph.type_intra):
+                top_intra = tmp.type_inter if system.inter else max_intra
+                if tmp.type_intra < top_intra and (graph.n_channels == 0 or tmp.type_intra < graph.type_intra):
                     tmp.type_intra += 1
                     if tmp.type_intra < PATH_DIS:
                         continue
                 tmp.type_intra = min_intra
-                # (typeInter is only widened across nodes)
+                if system.inter and tmp.type_inter < max_inter and (
+                        graph.n_channels == 0 or tmp.type_inter < graph.type_inter or tmp.type_inter < PATH_PXN):
+                    tmp.type_inter += 1
+                    if tmp.type_inter < PATH_DIS:
+                        continue
+                tmp.type_inter = min_inter
                 if cross_nic == 2 and tmp.cross_nic == 0 and graph.pattern in (RING, BALANCED_TREE):
                     tmp.cross_nic = 2
                     continue
@@ -475,9 +606,9 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
         graph.intra[0] = [g.rank for g in gpus]
         graph.bw_intra = f32(0.1)
         graph.type_intra = PATH_SYS
-        if system.nodes[NET]:   # ncclTopoSelectNets(-1, gpu 0 / last gpu): their first local NIC each
-            first = system.nodes[NET][local_net(system, gpus[0].rank, 0)].id
-            last = system.nodes[NET][local_net(system, gpus[-1].rank, 0)].id
+        if system.nodes[NET]:   # ncclTopoSelectNets(typeInter -1, first / last GPU): their first local NIC
+            first = system.nodes[NET][select_nets(system, -1, 0)[0]].id
+            last = system.nodes[NET][select_nets(system, -1, ngpus - 1)[0]].id
             graph.inter[0] = [first, last]
             graph.bw_inter, graph.type_inter = f32(0.1), PATH_SYS
         else:
@@ -499,6 +630,12 @@ def split_nvlink(system: System) -> bool:
     return sum(1 for c in counts if c > 1) == 2
 
 
+def net_name(net_id: int) -> str:
+    """``NET/<system id>-<local id>`` of a NET topology id (also for -1, printed as NCCL's %lx does)."""
+    net_id &= (1 << 64) - 1
+    return f"NET/{net_id >> 56:x}-{net_id & 0x00ffffffffffffff:x}"
+
+
 def print_graph(system: System, graph: Graph) -> list[str]:
     """``ncclTopoPrintGraph``: the Pattern line, then one line of GPU ids per channel."""
     out = [f"Pattern {graph.pattern}, crossNic {graph.cross_nic}, nChannels {graph.n_channels}, "
@@ -507,10 +644,14 @@ def print_graph(system: System, graph: Graph) -> list[str]:
     gpus = system.nodes[GPU]
     for c in range(graph.n_channels):
         line = f"{c:2d} :"
+        if system.inter:
+            line += " " + net_name(graph.inter[c][0])
         for i, rank in enumerate(graph.intra[c][:len(gpus)]):
             line += " " + gpus[system.gpu_by_rank(rank)].name()
             if graph.id == 3:
                 break
+        if system.inter:
+            line += " " + net_name(graph.inter[c][1])
         out.append(line)
     return out
 

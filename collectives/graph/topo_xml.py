@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 NVSWITCH_CLASS = "0x068000"
 HIDDEN_NVSWITCH = "fffffff:ffff:ff"
-GPU_DEVICE_BY_SM = {70: "0x1db1", 80: "0x20b0", 90: "0x2330", 100: "0x2901"}
+GPU_DEVICE_BY_SM = {70: "0x1db1", 80: "0x20b2", 90: "0x2330", 100: "0x2901"}
 
 
 class TopoError(ValueError):
@@ -191,6 +191,7 @@ class StandIns:
     sm: int | None = None
     nvlinks: int | None = None
     nics: bool = True
+    nic_speed: int = 400000     # Mbps the stand-in plugin reports per NIC (NDR; 200000 for HDR)
 
 
 def max_nvlinks(sm: int) -> int:
@@ -215,8 +216,9 @@ def gpu_pcis(system: XmlNode) -> list[XmlNode]:
     return sorted(pcis, key=lambda p: bus_id_to_int(p.attrs["busid"], p))
 
 
-def fill_gpu(pci: XmlNode, rank: int, stand: StandIns, log: list[str]) -> XmlNode:
-    """``ncclTopoFillGpu`` for one rank's GPU: complete the ``<gpu>`` node and mark it ``keep``."""
+def fill_gpu(pci: XmlNode, rank: int, stand: StandIns, log: list[str], first_rank: int = 0) -> XmlNode:
+    """``ncclTopoFillGpu`` for one rank's GPU: complete the ``<gpu>`` node and mark it ``keep``.  ``rank`` is the
+    local rank (the CUDA device); the communicator rank is ``first_rank + rank`` (node-major clusters)."""
     gpu = pci.sub("gpu")
     if gpu is None:
         pci.attrs.setdefault("class", "0x03")
@@ -231,7 +233,7 @@ def fill_gpu(pci: XmlNode, rank: int, stand: StandIns, log: list[str]) -> XmlNod
         pci.attrs.update(vendor="0x10de", device=GPU_DEVICE_BY_SM.get(sm, "0x0000"), subsystem_vendor="0x0",
                          subsystem_device="0x0")
     gpu.attrs.setdefault("dev", str(rank))
-    gpu.attrs["rank"] = str(rank)
+    gpu.attrs["rank"] = str(first_rank + rank)
     gpu.attrs.setdefault("gdr", "1")
     gpu.attrs["mlopart"] = "-1"
     gpu.attrs["keep"] = "1"
@@ -261,8 +263,8 @@ def fill_nics(system: XmlNode, stand: StandIns, log: list[str]) -> None:
             net.attrs.setdefault("name", f"mlx5_{n}")
             net.attrs["keep"] = "1"
             net.attrs["dev"] = str(n)
-            for key, value in (("latency", "0"), ("speed", "400000"), ("port", "1"), ("guid", hex(0x1000 + n)),
-                               ("maxconn", "65536"), ("gdr", "1")):
+            for key, value in (("latency", "0"), ("speed", str(stand.nic_speed)), ("port", "1"),
+                               ("guid", hex(0x1000 + n)), ("maxconn", "65536"), ("gdr", "1")):
                 net.attrs.setdefault(key, value)
             net.attrs["net"] = "1"
             log.append(f"ncclTopoPopulateNics : Filled {net.attrs['name']} in topo with busid {pci.get('busid')}")
@@ -300,18 +302,20 @@ def fuse_xml(dst: XmlNode | None, src: XmlNode) -> XmlNode:
     return dst
 
 
-def rank_xml(system: XmlNode, rank: int, stand: StandIns, log: list[str]) -> XmlNode:
+def rank_xml(system: XmlNode, rank: int, stand: StandIns, log: list[str], first_rank: int = 0) -> XmlNode:
     """One rank's XML before fusion: file + its GPU + the plugin's NICs, trimmed."""
     mine = system.copy()
     pcis = gpu_pcis(mine)
-    fill_gpu(pcis[rank], rank, stand, log)
+    fill_gpu(pcis[rank], rank, stand, log, first_rank)
     fill_nics(mine, stand, log)
     trim_xml(mine)
     return mine
 
 
-def fused_xml(system: XmlNode, nranks: int, stand: StandIns, log: list[str] | None = None) -> XmlNode:
-    """What ``ncclTopoGetSystem`` hands to ``ncclTopoGetSystemFromXml`` on one node of ``nranks`` ranks."""
+def fused_xml(system: XmlNode, nranks: int, stand: StandIns, log: list[str] | None = None,
+              first_rank: int = 0) -> XmlNode:
+    """What ``ncclTopoGetSystem`` hands to ``ncclTopoGetSystemFromXml`` on one node of ``nranks`` ranks: only
+    this node's ranks (``first_rank`` ...) are fused, as NCCL fuses the ranks of one host hash."""
     log = [] if log is None else log
     ngpus = len(gpu_pcis(system))
     if ngpus == 0:
@@ -320,7 +324,7 @@ def fused_xml(system: XmlNode, nranks: int, stand: StandIns, log: list[str] | No
         raise TopoError(f"--nranks {nranks}: the file has {ngpus} GPUs")
     fused = None
     for r in range(nranks):
-        fused = fuse_xml(fused, rank_xml(system, r, stand, log if r == 0 else []))
+        fused = fuse_xml(fused, rank_xml(system, r, stand, log if r == 0 else [], first_rank))
     return fused
 
 

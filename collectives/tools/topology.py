@@ -1,14 +1,17 @@
-"""``python -m collectives.tools.topology TOPO.xml``: NCCL's topology search for one node, printed as NCCL prints it.
+"""``python -m collectives.tools.topology TOPO.xml``: NCCL's topology search, printed as NCCL prints it.
 
     python -m collectives.tools.topology topologies/ndv5-topo.xml --sm 90
     python -m collectives.tools.topology my-dump.xml --nranks 4            # an NCCL_TOPO_DUMP_FILE output
     python -m collectives.tools.topology my-dump.xml --brief               # only the graphs and channels
+    python -m collectives.tools.topology topologies/azure-ndv4-topo.xml --sm 80 --nodes 2   # 2 nodes x 8 GPUs
 
 Runs the steps of ``initTransportsRank`` (``collectives.graph.init_topo``) with the XML's GPUs as ranks 0..N-1 in
 PCI order, and prints NCCL's INFO lines: ``=== System ...`` with the node tree and paths (``ncclTopoPrint``),
 ``Pattern ...`` and the channel GPU lines per graph (``ncclTopoPrintGraph``), each rank's ``Tree`` lines, rank 0's
 ``Channel NN/MM :`` rings and every rank's ``Ring NN`` and ``Trees`` lines.  Lines are ``[rank] NCCL INFO ...``
-(NCCL's ``host:pid:tid`` prefix dropped); lines starting with ``#`` are ours.
+(NCCL's ``host:pid:tid`` prefix dropped); lines starting with ``#`` are ours.  With ``--nodes K``
+(``collectives.graph.init_cluster``): K identical nodes, ranks node-major, NETs at both ends of every channel, and
+every rank's lines as ``node<n> [<local rank>] NCCL INFO ...``.
 
 Bare files (GPUs and NICs as plain PCI nodes, like the Azure files published for NCCL_TOPO_FILE) need stand-ins
 for what NCCL asks NVML and the net plugin: ``--sm``, ``--nvlinks`` (default: NCCL's per-SM maximum, all to one
@@ -20,6 +23,7 @@ import argparse
 import sys
 
 from collectives.graph.connect import channel_lines, rank_lines, tree_lines
+from collectives.graph.init_cluster import ClusterResult, cluster_log, run_cluster
 from collectives.graph.init_topo import TopoResult, run_topology
 from collectives.graph.search import PATTERN_NAMES
 from collectives.graph.topo_xml import StandIns, TopoError, dump_xml
@@ -54,19 +58,44 @@ def render(r: TopoResult, brief: bool = False, ranks: list[int] | None = None) -
     return out + summary(r)
 
 
+def render_cluster(r: ClusterResult) -> list[str]:
+    """Every line ``main`` prints for ``--nodes K``: the stand-in notes, then every rank's INFO lines as
+    ``node<n> [<local rank>] NCCL INFO ...``."""
+    return [f"# {note}" for note in r.nodes[0].stand_in_notes] + cluster_log(r)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.tools.topology", description=__doc__.split("\n")[0])
     p.add_argument("xml", help="topology XML (NCCL_TOPO_FILE / NCCL_TOPO_DUMP_FILE format)")
-    p.add_argument("--nranks", type=int, help="ranks = the first N GPUs in PCI order (default: all)")
+    p.add_argument("--nranks", type=int, help="ranks = the first N GPUs in PCI order (default: all); per node")
+    p.add_argument("--nodes", type=int, default=1, help="K identical nodes in one communicator, ranks node-major "
+                   "(rank = node * N + local rank); NETs at both ends of each channel")
     p.add_argument("--sm", type=int, help="compute capability of GPUs the file does not describe, e.g. 90")
     p.add_argument("--nvlinks", type=int, help="NVLinks per GPU (to an NVSwitch) when the file has none")
+    p.add_argument("--nic-speed", type=int, default=400000, metavar="MBPS",
+                   help="speed the stand-in net plugin reports per NIC (default 400000; 200000 for HDR)")
     p.add_argument("--no-nics", action="store_true", help="no net plugin devices (NICs are trimmed)")
     p.add_argument("--nvls", action="store_true", help="also search the NVLS graph")
     p.add_argument("--brief", action="store_true", help="only System, Pattern, channel, Channel and Trees lines")
     p.add_argument("--explain", action="store_true", help="also print every search attempt (# search: lines)")
     p.add_argument("--dump-xml", metavar="FILE", help="write the fused XML NCCL would dump (NCCL_TOPO_DUMP_FILE)")
     a = p.parse_args(argv)
-    stand = StandIns(sm=a.sm, nvlinks=a.nvlinks, nics=not a.no_nics)
+    stand = StandIns(sm=a.sm, nvlinks=a.nvlinks, nics=not a.no_nics, nic_speed=a.nic_speed)
+    if a.nodes != 1:
+        if a.brief or a.explain or a.nvls or a.dump_xml:
+            print("python -m collectives.tools.topology: --brief, --explain, --nvls and --dump-xml are one-node "
+                  "options (not with --nodes)", file=sys.stderr)
+            return 2
+        try:
+            lines = render_cluster(run_cluster(a.xml, a.nodes, a.nranks, stand))
+        except (TopoError, NotImplementedError, ValueError) as e:
+            print(f"python -m collectives.tools.topology: {e}", file=sys.stderr)
+            return 2
+        try:
+            print("\n".join(lines))
+        except BrokenPipeError:
+            sys.stderr.close()
+        return 0
     try:
         r = run_topology(a.xml, a.nranks, stand, nvls=a.nvls)
         if a.dump_xml:

@@ -1,0 +1,113 @@
+"""The topology steps of ``initTransportsRank`` (NCCL ``src/init.cc``) for K identical nodes in one communicator.
+
+    per node (its own host hash): ncclTopoGetSystem fuses only the node's ranks' XMLs; ncclTopoTrimSystem sets
+    system->inter (the node has fewer GPUs than the communicator has ranks); the searches run with NETs at both
+    ends of each channel                                         -> init_topo.search_node
+    every rank: ncclTopoPreset (its topoRanks)                   -> connect.preset
+    AllGather3: graph info min/max aligned over ranks, nNodes / firstRanks / rankToNode from ringRecv[0],
+    nodesTreePatterns, nChannels = min(ring, tree)               -> align_graphs, run_cluster
+    every rank: ncclTopoPostset on its own copy                  -> connect.postset_rank
+
+Ranks are node-major (rank = node * N + local rank).  Where we differ on purpose: the search runs once per node,
+not once per rank: a node's ranks fuse the same XML and search the same system (the rank only picks which GPUs
+trimming keeps, and all of a node's GPUs share one domain), so every rank of a node would find the same graphs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .connect import (Channels, TopoRanks, channel_lines, postset_rank, preset, rank_lines, tree_lines,
+                      tree_pattern_name)
+from .init_topo import TopoResult, search_node
+from .search import Graph
+from .topo import GPU, NET
+from .topo_xml import StandIns, TopoError, gpu_pcis, load_xml
+
+
+@dataclass
+class ClusterResult:
+    nodes: list                 # per node: its TopoResult (system and searched graphs)
+    nranks: int
+    local_ranks: int
+    rings: list                 # per node: the ring graph as searched
+    trees: list                 # per node: the tree graph as searched
+    aligned: tuple              # (ring, tree) after AllGather3's min/max over every rank
+    channels: list              # per rank: the Channels its own Postset built
+    node_of: list = field(default_factory=list)
+
+
+def align_graphs(graphs: list[Graph]) -> Graph:
+    """AllGather3's alignment of one algorithm's graph over every rank: fewest channels, sameChannels and
+    bandwidths; worst path types; the highest crossNic."""
+    g = graphs[0].copy()
+    for other in graphs[1:]:
+        g.n_channels = min(g.n_channels, other.n_channels)
+        g.same_channels = min(g.same_channels, other.same_channels)
+        g.bw_intra = min(g.bw_intra, other.bw_intra)
+        g.bw_inter = min(g.bw_inter, other.bw_inter)
+        g.type_intra = max(g.type_intra, other.type_intra)
+        g.type_inter = max(g.type_inter, other.type_inter)
+        g.cross_nic = max(g.cross_nic, other.cross_nic)
+    return g
+
+
+def run_cluster(path: str, nodes: int, nranks: int | None = None, stand: StandIns = StandIns()) -> ClusterResult:
+    """NCCL's topology steps for ``nodes`` identical nodes of ``nranks`` GPUs each (default every GPU of the
+    file)."""
+    if nodes < 1:
+        raise TopoError(f"--nodes {nodes}: at least one node")
+    local = nranks or len(gpu_pcis(load_xml(path)))
+    total = nodes * local
+    results: list[TopoResult] = [search_node(path, local, stand, first_rank=k * local, comm_nranks=total)
+                                 for k in range(nodes)]
+    node_of = [r // local for r in range(total)]
+    per_rank = [results[node_of[r]] for r in range(total)]       # each rank's own graphs (its node's search)
+    # ncclTopoPreset on every rank, with comm->nChannels = min(tree, ring) before the alignment
+    topo_ranks: list[TopoRanks] = []
+    for r, res in enumerate(per_rank):
+        n_own = min(res.ring.n_channels, res.tree.n_channels)
+        topo_ranks.append(preset(res.ring, res.tree, r, n_own))
+    # nNodes and firstRanks: a new node for every new ringRecv[0], in rank order
+    first_ranks: list[int] = []
+    tree_patterns: list[str] = []
+    for r, t in enumerate(topo_ranks):
+        if t.ring_recv[0] not in first_ranks:
+            first_ranks.append(t.ring_recv[0])
+            tree_patterns.append(tree_pattern_name(per_rank[r].tree))
+    if len(first_ranks) != nodes:
+        raise TopoError(f"{len(first_ranks)} nodes found from the rings' first ranks, {nodes} expected")
+    ring = align_graphs([res.ring for res in per_rank])
+    tree = align_graphs([res.tree for res in per_rank])
+    n = min(ring.n_channels, tree.n_channels)
+    min_cc = min(g.sm for res in results for g in res.system.nodes[GPU])
+    chains = [[rank for k in range(nodes) for rank in results[k].tree.intra[c][:local]] for c in range(n)]
+    channels: list[Channels] = [postset_rank(r, n, topo_ranks, first_ranks, node_of, chains, tree_patterns,
+                                             min_cc, ring.bw_intra) for r in range(total)]
+    return ClusterResult(results, total, local, [res.ring for res in results], [res.tree for res in results],
+                         (ring, tree), channels, node_of)
+
+
+def cluster_log(r: ClusterResult) -> list[str]:
+    """Every rank's INFO lines in the order NCCL prints them, each as ``node<n> [<local>] NCCL INFO ...``:
+    node 0 rank 0's search, every rank's net device counts, rank 0's counts across ranks, then per rank the comm
+    line, connectTrees' Tree lines, rank 0's Channel rings, the Ring lines and the Trees line."""
+    def head(rank: int) -> str:
+        return f"node{r.node_of[rank]} [{rank % r.local_ranks}] NCCL INFO "
+    out = [head(0) + line for line in r.nodes[0].log]
+    counts = []
+    for rank in range(r.nranks):
+        nets = len(r.nodes[r.node_of[rank]].system.nodes[NET])
+        counts.append(nets)
+        out += [head(rank) + f"Rank {rank}: {nets} Net devices", head(rank) + f"Rank {rank}: 0 CollNet devices"]
+    out += [head(0) + f"Local Net device counts across ranks: min {min(counts)} max {max(counts)}",
+            head(0) + "Local CollNet device counts across ranks: min 0 max 0"]
+    nnodes = max(r.node_of) + 1
+    for rank in range(r.nranks):
+        ch = r.channels[rank]
+        out.append(head(rank) + f"comm (nil) rank {rank} nRanks {r.nranks} nNodes {nnodes} localRanks "
+                   f"{r.local_ranks} localRank {rank % r.local_ranks} MNNVL 0")
+        out += [head(rank) + line for line in tree_lines(ch, rank)]
+        if rank == 0:
+            out += [head(0) + line for line in channel_lines(ch)]
+        out += [head(rank) + line for line in rank_lines(ch, rank)]
+    return out
