@@ -42,6 +42,7 @@ from .graph.rings import parse_rings, ring_orders
 from .graph.trees import tree_table
 from .health import Health
 from .job import install_fatal_hook, rank_env
+from .p2p_schedule import P2pChannels, p2p_channels, p2p_schedule
 from .peers import exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
 
@@ -124,9 +125,15 @@ class Communicator(api.Collectives):
         self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes, nnodes=self.nnodes,
                                              max_threads=self.max_threads)
         self.cost_model = CostModel(self.machine, proto_text, algo_text)
+        self.p2p: P2pChannels = p2p_channels(self.nchannels, self.node_of_rank, self.buff_sizes["Simple"])
+        self._p2p_schedule = p2p_schedule(self.rank, self.node_of_rank)
+        debug.info("INIT", f"P2P Chunksize set to {self.p2p.chunk_size}")
+        debug.info("GRAPH", f"ncclP2pSchedule: group size used is {self.p2p.group_size}")
         if self.rank == 0:
             for line in self.cost_model.tuning_lines(self.max_threads):
                 debug.info("TUNING", line)
+        debug.info("INIT", f"{self.nchannels} coll channels, {self.nchannels} collnet channels, 0 nvls channels, "
+                           f"{self.p2p.n_channels} p2p channels, {self.p2p.n_channels_per_peer} p2p channels per peer")
         debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nRanks {self.nranks} nNodes {self.nnodes} "
                            f"localRanks {len(self.local_ranks)} localRank {self.local_rank} MNNVL 0")
         log_channels(self.rank, self.channels, self.trees)
@@ -280,6 +287,10 @@ class Communicator(api.Collectives):
     def tree_table(self) -> list[dict]:
         """Every channel's tree as plain data: ``[{rank: (up, [down...])}]`` (trace metadata, reference model)."""
         return tree_table(self.trees)
+
+    def p2p_schedule(self) -> list[tuple[int, int]]:
+        """``comm->p2pSchedule``: this rank's (send rank, recv rank) of each point-to-point round."""
+        return list(self._p2p_schedule)
 
     @property
     def rings(self) -> list[list[int]]:

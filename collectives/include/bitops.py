@@ -10,3 +10,26 @@ def div_up(a: int, b: int) -> int:
 def round_up(a: int, b: int) -> int:
     """``ROUNDUP``: ``a`` rounded up to a multiple of ``b``."""
     return div_up(a, b) * b
+
+
+def log2_up(x: int) -> int:
+    """``log2Up``: the smallest ``n`` with ``2**n >= x`` (0 for 0 and 1)."""
+    return (x - 1).bit_length() if x > 1 else 0
+
+
+def pow2_up(x: int) -> int:
+    """``pow2Up``: ``x`` rounded up to a power of two."""
+    return 1 << log2_up(x)
+
+
+def pow2_down(x: int) -> int:
+    """``pow2Down``: the largest power of two not above ``x`` (``x`` > 0)."""
+    return 1 << (x.bit_length() - 1)
+
+
+def reverse_bits(x: int, nbits: int) -> int:
+    """``reverseBits``: the low ``nbits`` bits of ``x`` in reverse order (the bits above them dropped)."""
+    if nbits == 0:
+        return 0
+    low = x & ((1 << nbits) - 1)
+    return int(f"{low:0{nbits}b}"[::-1], 2)
