@@ -1,7 +1,7 @@
 """Who a rank talks to in each point-to-point round, and on which channels (NCCL ``src/init.cc``: ``ncclP2pSchedule``
 and ``computeBuffSizes``' ``p2pChunkSize``; ``src/graph/paths.cc``: ``ncclTopoComputeP2pChannelsPerPeer``,
-``ncclTopoComputeP2pChannels``; ``src/include/channel.h``: ``ncclP2pChannelBaseForRound``; ``src/include/device.h``:
-``ncclP2pChannelForPart``).
+``ncclTopoComputeP2pChannels``; ``src/include/channel.h``: ``ncclP2pChannelBaseForRound``; the per-part channel is
+``collectives/include/p2p_work.py``'s).
 
 The schedule has ``nranks`` rounds.  In round ``r`` this rank sends to ``send_rank`` and receives from
 ``recv_rank``, and every rank's round ``r`` pairs up with its peers' (if I send to p in round r, p receives from me
@@ -20,6 +20,7 @@ from math import gcd
 
 from collectives.include.bitops import div_up, log2_up, pow2_down, pow2_up, reverse_bits
 from collectives.include.device import MAXCHANNELS, NCCL_STEPS
+from collectives.include.p2p_work import p2p_channel_for_part
 from collectives.misc.param import env_int
 
 NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8  # src/include/device.h: p2p works a channel runs side by side
@@ -121,7 +122,7 @@ class P2pChannels:
 
     def channel_for_part(self, base: int, part: int) -> int:
         """``ncclP2pChannelForPart``: the channel of part ``part`` of a round starting at ``base``."""
-        return (base + part) & (self.n_channels - 1)
+        return p2p_channel_for_part(self.n_channels, base, part)
 
     def channels_of_round(self, p2p_round: int, nparts: int | None = None) -> list[int]:
         """The channels of the first ``nparts`` parts of a round (all ``n_channels_per_peer`` by default)."""
