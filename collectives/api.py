@@ -225,4 +225,27 @@ class Collectives:
         self._launch("Reduce", flat, recv, flat.size, op, root)
         return result
 
+    def send(self, buf: np.ndarray, peer: int) -> None:
+        """``ncclSend`` (nccl4py's ``send(sendbuf, peer)``): the bytes of ``buf`` to ``peer``, whose ``recv`` of as
+        many bytes matches it.  Inside a group it is queued until the group ends; outside, it returns once sent."""
+        self._enqueue_p2p(True, p2p_bytes("send", buf, self.nranks, peer, writeable=False), peer)
+
+    def recv(self, buf: np.ndarray, peer: int) -> None:
+        """``ncclRecv`` (nccl4py's ``recv(recvbuf, peer)``): ``buf`` receives the bytes ``peer`` sends."""
+        self._enqueue_p2p(False, p2p_bytes("recv", buf, self.nranks, peer, writeable=True), peer)
+
     allreduce, allgather = all_reduce, all_gather  # nccl4py's names
+
+
+def p2p_bytes(name: str, buf, nranks: int, peer: int, writeable: bool) -> np.ndarray:
+    """A send's or receive's buffer as its bytes (NCCL moves p2p data as int8): a contiguous numpy array, and
+    a peer of the communicator."""
+    if not isinstance(peer, (int, np.integer)) or not 0 <= peer < nranks:
+        raise ValueError(f"{name}: peer {peer} out of range for nranks {nranks}")
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{name}: the buffer must be a numpy array, not {type(buf).__name__}")
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{name}: the buffer must be contiguous (NCCL takes a pointer and a count)")
+    if writeable and not buf.flags.writeable:
+        raise ValueError(f"{name}: the receive buffer is read-only")
+    return buf.reshape(-1).view(np.uint8)

@@ -78,6 +78,17 @@ class Health:
                 sig = page.signature(kernel.op_count)
                 if sig is not None and sig != self.signature:
                     self._mismatch(r, sig, kernel.op_count)
+        self.check_alive(kernel)
+
+    def check_p2p(self, kernel) -> None:
+        """What a point-to-point kernel checks while it waits: ``check`` without the signatures (its peers run
+        other operations, and publish none), and a peer that exited or destroyed its communicator only matters
+        if the kernel waits for it (the others may be done with theirs)."""
+        self.check_alive(kernel, {w[1] for w in kernel.wait_state.values()})
+
+    def check_alive(self, kernel, waited: set | None = None) -> None:
+        """A transport failed, or a local peer aborted, exited or destroyed its communicator (of those, only the
+        ``waited`` ones when given)."""
         failure = self.transport_error()
         if failure:
             raise CollectiveError(f"rank {self.rank}: {failure}; during {kernel.func}: {kernel.describe_wait()}")
@@ -87,6 +98,8 @@ class Health:
             if page.aborted:
                 raise CollectiveError(f"rank {self.rank}: rank {r} aborted [{page.message}]; this rank, in "
                                       f"{kernel.func}: {kernel.describe_wait()}", secondary=True)
+            if waited is not None and r not in waited:
+                continue
             if not sockets.pid_alive(self.peer_info[r]["pid"]):
                 raise CollectiveError(f"rank {self.rank}: rank {r} (pid {self.peer_info[r]['pid']}) is gone "
                                       f"(killed or exited) during {kernel.func}: {kernel.describe_wait()}")

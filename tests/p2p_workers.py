@@ -1,9 +1,15 @@
 """Rank programs for the point-to-point tests: ``p2p_workers.py NAME [args]``, one process per rank."""
 from __future__ import annotations
 
+import json
+import os
 import sys
 
+import numpy as np
+
 import collectives
+from collectives.device.reduce_copy import DTYPES
+from workers import inputs_for, poisoned, rank0, same
 
 
 def p2p_schedule(args: list[str]) -> None:
@@ -11,6 +17,69 @@ def p2p_schedule(args: list[str]) -> None:
     with collectives.Communicator() as comm:
         sys.stdout.write(f"schedule {comm.rank} {comm.p2p_schedule()!r}\n")  # one write: ranks share the pipe
         sys.stdout.flush()
+
+
+def pairs(args: list[str]) -> None:
+    """pairs COUNTS DTYPES (JSON lists): for every (sender, receiver) pair in turn, self included, the sender's
+    fresh random input arrives bitwise in the receiver's poisoned buffer; ranks outside the pair do nothing."""
+    counts, dtypes = json.loads(args[0]), json.loads(args[1])
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        moved = 0
+        for dtype in dtypes:
+            dt = DTYPES[dtype]
+            for count in counts:
+                for src in range(n):
+                    for dst in range(n):
+                        seed += 1
+                        if r not in (src, dst):
+                            continue
+                        x = inputs_for(seed, n, count, dt)[src]
+                        out = poisoned(count, dt)
+                        if src == dst:  # a self-send: both halves in one group
+                            with collectives.group():
+                                comm.send(x, dst)
+                                comm.recv(out, src)
+                        elif r == src:
+                            comm.send(x, dst)
+                        else:
+                            comm.recv(out, src)
+                        if r == dst:
+                            same(out, x, f"{dtype} count={count} {src}->{dst} n={n}")
+                            moved += 1
+        sys.stdout.write(f"rank {r} ok {moved} receives\n")
+        sys.stdout.flush()
+
+
+def ring(args: list[str]) -> None:
+    """ring COUNT DTYPE: in one group each rank sends to rank + 1 and receives from rank - 1 (group_start /
+    group_end), then the same with the context manager in the other direction."""
+    count, dt = int(args[0]), DTYPES[args[1]]
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        xs = inputs_for(seed, n, count, dt)
+        out = poisoned(count, dt)
+        collectives.group_start()
+        comm.send(xs[r], (r + 1) % n)
+        comm.recv(out, (r - 1) % n)
+        collectives.group_end()
+        same(out, xs[(r - 1) % n], f"ring +1 count={count} rank {r}")
+        back = poisoned(count, dt)
+        with collectives.group():
+            comm.recv(back, (r + 1) % n)
+            comm.send(xs[r], (r - 1) % n)
+        same(back, xs[(r + 1) % n], f"ring -1 count={count} rank {r}")
+        sys.stdout.write(f"rank {r} ok ring\n")
+        sys.stdout.flush()
+
+
+def unmatched(args: list[str]) -> None:
+    """Rank 0 sends to rank 1, which never posts the matching recv and destroys its communicator."""
+    with collectives.Communicator() as comm:
+        if comm.rank == 0:
+            comm.send(np.arange(1000, dtype=np.float32), 1)
 
 
 if __name__ == "__main__":
