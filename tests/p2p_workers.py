@@ -82,5 +82,52 @@ def unmatched(args: list[str]) -> None:
             comm.send(np.arange(1000, dtype=np.float32), 1)
 
 
+def usage(args: list[str]) -> None:
+    """What NCCL refuses as invalid usage, refused here before anything moves; the communicator stays usable."""
+    with collectives.Communicator() as comm:
+        r, n = comm.rank, comm.nranks
+        x = np.arange(5, dtype=np.float32) + r
+        for bad, why in ((lambda: comm.send(x, n), "out of range"), (lambda: comm.recv(x[::2], 0), "contiguous"),
+                         (lambda: comm.send([1, 2], 0), "numpy array")):
+            try:
+                bad()
+            except (ValueError, TypeError) as exc:
+                assert why in str(exc), exc
+            else:
+                raise AssertionError(f"accepted: {why}")
+        try:  # a send to oneself needs its recv in the same group
+            comm.send(x, r)
+        except ValueError as exc:
+            assert "without a matching recv" in str(exc), exc
+        else:
+            raise AssertionError("a lone send to oneself was accepted")
+        try:
+            with collectives.group():
+                comm.all_reduce(x)
+        except RuntimeError as exc:
+            assert "inside a group" in str(exc), exc
+        else:
+            raise AssertionError("a collective inside a group was accepted")
+        try:
+            collectives.group_end()
+        except RuntimeError as exc:
+            assert "without a matching group_start" in str(exc), exc
+        with collectives.group():  # in place to oneself: nothing moves, nothing breaks
+            comm.send(x, r)
+            comm.recv(x, r)
+        assert np.array_equal(x, np.arange(5, dtype=np.float32) + r)
+        with collectives.group():  # nested groups launch at the outermost end
+            collectives.group_start()
+            out = np.zeros(5, np.float32)
+            comm.send(x, (r + 1) % n)
+            comm.recv(out, (r - 1) % n)
+            collectives.group_end()
+            assert not out.any()  # not launched yet
+        assert np.array_equal(out, np.arange(5, dtype=np.float32) + (r - 1) % n)
+        assert np.array_equal(comm.all_reduce(x), sum(np.arange(5, dtype=np.float32) + q for q in range(n)))
+        sys.stdout.write(f"rank {r} ok usage\n")
+        sys.stdout.flush()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](sys.argv[2:])

@@ -46,3 +46,9 @@ def test_unmatched_send_names_both_ranks():
     for rank in (0, 1):
         named = [line for line in lines if f"rank {rank}:" in line and "rank 0" in line and "rank 1" in line]
         assert named, (rank, proc.stdout[-3000:], proc.stderr[-5000:])
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_invalid_usage_and_nested_groups(n):
+    proc = run_ranks(n, "usage", script="p2p_workers.py")
+    assert proc.stdout.count("ok usage") == n
