@@ -82,6 +82,27 @@ def unmatched(args: list[str]) -> None:
             comm.send(np.arange(1000, dtype=np.float32), 1)
 
 
+def alltoall(args: list[str]) -> None:
+    """alltoall COUNTS DTYPES (JSON lists): block q of every rank's result is rank q's block for it, bitwise, in
+    both forms (ours with a fresh result, nccl4py's into a poisoned buffer)."""
+    counts, dtypes = json.loads(args[0]), json.loads(args[1])
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        for dtype in dtypes:
+            dt = DTYPES[dtype]
+            for count in counts:
+                seed += 1
+                xs = inputs_for(seed, n, count * n, dt)
+                want = np.concatenate([xs[q][r * count:(r + 1) * count] for q in range(n)])
+                same(comm.all_to_all(xs[r]), want, f"all_to_all {dtype} count={count} rank {r}")
+                out = poisoned(count * n, dt)
+                comm.alltoall(xs[r], out)
+                same(out, want, f"alltoall {dtype} count={count} rank {r}")
+        sys.stdout.write(f"rank {r} ok alltoall\n")
+        sys.stdout.flush()
+
+
 def usage(args: list[str]) -> None:
     """What NCCL refuses as invalid usage, refused here before anything moves; the communicator stays usable."""
     with collectives.Communicator() as comm:
@@ -95,6 +116,20 @@ def usage(args: list[str]) -> None:
                 assert why in str(exc), exc
             else:
                 raise AssertionError(f"accepted: {why}")
+        y = np.zeros(2 * n, np.float32)
+        try:
+            comm.all_to_all(y, out=y)
+        except ValueError as exc:
+            assert "no in-place form" in str(exc), exc
+        else:
+            raise AssertionError("an in-place all_to_all was accepted")
+        if n > 1:
+            try:
+                comm.all_to_all(np.zeros(2 * n + 1, np.float32))
+            except ValueError as exc:
+                assert "not a multiple of nranks" in str(exc), exc
+            else:
+                raise AssertionError("an all_to_all of a size not a multiple of nranks was accepted")
         try:  # a send to oneself needs its recv in the same group
             comm.send(x, r)
         except ValueError as exc:

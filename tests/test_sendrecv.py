@@ -52,3 +52,10 @@ def test_unmatched_send_names_both_ranks():
 def test_invalid_usage_and_nested_groups(n):
     proc = run_ranks(n, "usage", script="p2p_workers.py")
     assert proc.stdout.count("ok usage") == n
+
+
+@pytest.mark.parametrize("n,nodes", [(1, 1), (2, 1), (3, 1), (4, 1), (4, 2)])
+def test_all_to_all(n, nodes):
+    proc = run_ranks(n, "alltoall", json.dumps([0, 1, 7, 4097, 50001]), json.dumps(["float32", "int8"]), nodes=nodes,
+                     script="p2p_workers.py")
+    assert proc.stdout.count("ok alltoall") == n
