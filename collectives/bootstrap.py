@@ -53,6 +53,7 @@ REPLY_NEXT, REPLY_ERROR = 0, 1
 RING_HELLO = struct.Struct("<i")       # the rank connecting to its ring successor
 P2P_HELLO = struct.Struct("<ii")       # a point-to-point message's sender and tag (bootstrapSend)
 P2P_MAX_MESSAGE = 1 << 20              # the most a point-to-point message may announce (connect blobs fit)
+P2P_MAX_UNEXPECTED = 8                 # per rank: messages kept before their recv (a peer has at most 4 in flight)
 REPLY_GRACE_S = 5.0                    # a rank waits this much longer than the root, so the root's reason arrives
 
 
@@ -384,6 +385,9 @@ class Bootstrap:
                     raise BootstrapError(f"rank {self.rank}: rank {peer} sent {len(payload)} bytes, at most "
                                          f"{max_size} expected")
                 return payload
+            if sum(map(len, self._unexpected.values())) >= P2P_MAX_UNEXPECTED * self.nranks:
+                raise BootstrapError(f"rank {self.rank}: more than {P2P_MAX_UNEXPECTED * self.nranks} bootstrap "
+                                     f"messages arrived before their recv (the last from {addr}, as rank {sender})")
             self._unexpected.setdefault((sender, got_tag), collections.deque()).append(payload)
 
     def close(self) -> None:

@@ -76,10 +76,18 @@ def ring(args: list[str]) -> None:
 
 
 def unmatched(args: list[str]) -> None:
-    """Rank 0 sends to rank 1, which never posts the matching recv and destroys its communicator."""
+    """Rank 0 sends to rank 1, which never posts the matching recv and destroys its communicator.  ``first``: at
+    their first exchange (the connection fails); ``connected``: after one that connected them, with more than
+    the FIFO holds (the kernel waits for credit)."""
     with collectives.Communicator() as comm:
+        big = np.arange(1 << 20, dtype=np.float32)  # 4 MiB: more than NCCL_STEPS chunks of 128 KiB
+        if args[0] == "connected":
+            if comm.rank == 0:
+                comm.send(big, 1)
+            else:
+                comm.recv(np.empty_like(big), 0)
         if comm.rank == 0:
-            comm.send(np.arange(1000, dtype=np.float32), 1)
+            comm.send(big if args[0] == "connected" else big[:1000], 1)
 
 
 def alltoall(args: list[str]) -> None:

@@ -38,8 +38,9 @@ def test_ring_exchange_in_one_group(n):
     assert proc.stdout.count("ok ring") == n
 
 
-def test_unmatched_send_names_both_ranks():
-    proc = run_ranks(2, "unmatched", env={"NCCLLAB_TIMEOUT": "10"}, script="p2p_workers.py", check=False,
+@pytest.mark.parametrize("when", ["first", "connected"])
+def test_unmatched_send_names_both_ranks(when):
+    proc = run_ranks(2, "unmatched", when, env={"NCCLLAB_TIMEOUT": "10"}, script="p2p_workers.py", check=False,
                      timeout=120)
     assert proc.returncode != 0
     lines = (proc.stdout + proc.stderr).splitlines()
