@@ -9,8 +9,8 @@ NCCL_P2P_LL_THRESHOLD and the connection has LL buffers, never for a self-send),
 step is ``p2pChunkSize``, an LL step is half an LL FIFO slot of data; smaller over the network for small sizes;
 NCCL_CHUNK_SIZE overrides), kept as NCCL keeps it, in 8 bits (``u32fp8``).  Then, per channel part, the steps the
 proxy moves (``ncclProxyOp``'s ``nsteps``, ``nbytes``).
-Where we differ on purpose: no work batches, budgets or epochs (a plan here never overflows a work FIFO), and
-no buffer registration.
+Where we differ on purpose: no work batches, budgets or epochs (a plan here never overflows a work FIFO), no
+buffer registration, and an NCCL_CHUNK_SIZE larger than a FIFO slot is refused (NCCL would overrun the slot).
 """
 from __future__ import annotations
 
@@ -95,6 +95,10 @@ def add_p2p_to_plan(p2p: P2pChannels, rank: int, buff_sizes: dict, n_min: int, n
         data = size // 2 if ll[d] else size  # an LL line carries 8 data bytes in 16
         fp8[d] = u32fp8_encode(data)
         data = u32fp8_decode(fp8[d])
+        room = buff_sizes["LL"] // NCCL_STEPS // 2 if ll[d] else buff_sizes["Simple"] // NCCL_STEPS
+        if data > room and nbytes[d] != -1:  # NCCL would write past the FIFO slot; we refuse, on every rank alike
+            raise ValueError(f"NCCL_CHUNK_SIZE={chunk_param}: a p2p {'LL' if ll[d] else 'Simple'} chunk of {data} "
+                             f"bytes exceeds its FIFO slot ({room} bytes)")
         chunk[d] = data * 2 if ll[d] else data
     base = p2p.channel_base_for_round(p2p_round)
     work = DevWorkP2p(p2p.n_channels, base, send_rank, recv_rank, max(send_bytes, 0), max(recv_bytes, 0),

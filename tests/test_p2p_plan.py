@@ -149,3 +149,15 @@ def test_self_send_is_a_copy():
         k = kernel()
         k.run([g for c in range(4) for g in channel_works(k, c, 0, work, None, None)])
         assert np.array_equal(src, dst) and not ops
+
+
+def test_chunk_size_parameter_must_fit_a_slot(monkeypatch):
+    ch = P2pChannels(2, 2, 2, 1 << 17, 1)
+    monkeypatch.setenv("NCCL_CHUNK_SIZE", str(BUFFS["Simple"] // 8))
+    work, _ = add_p2p_to_plan(ch, 0, BUFFS, 1, 1, 1, 1, 1 << 20, 1, -1)
+    assert u32fp8_decode(work.send_chunk_u32fp8) == BUFFS["Simple"] // 8
+    monkeypatch.setenv("NCCL_CHUNK_SIZE", str(BUFFS["Simple"] // 4))
+    with pytest.raises(ValueError, match="exceeds its FIFO slot"):
+        add_p2p_to_plan(ch, 0, BUFFS, 1, 1, 1, 1, 1 << 20, 1, -1)
+    with pytest.raises(ValueError, match="LL chunk"):  # 1 KiB is LL, whose slot holds 32 KiB of data
+        add_p2p_to_plan(ch, 0, BUFFS, 1, 1, 1, 1, 1024, 1, -1)

@@ -60,3 +60,13 @@ def test_all_to_all(n, nodes):
     proc = run_ranks(n, "alltoall", json.dumps([0, 1, 7, 4097, 50001]), json.dumps(["float32", "int8"]), nodes=nodes,
                      script="p2p_workers.py")
     assert proc.stdout.count("ok alltoall") == n
+
+
+@pytest.mark.parametrize("n,nodes,env", [
+    (3, 1, {"NCCL_MIN_P2P_NCHANNELS": "8"}),                                   # p2p channels beyond the rings'
+    (3, 1, {"NCCL_P2P_LL_THRESHOLD": "0", "NCCL_CHUNK_SIZE": "12345"}),        # Simple only, an odd chunk size
+    (4, 2, {"NCCL_MIN_P2P_NCHANNELS": "8", "NCCL_NCHANNELS_PER_NET_PEER": "4"}),
+    (4, 2, {"NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1", "NCCL_P2P_NET_CHUNKSIZE": "65536"}),  # LL over NET
+])
+def test_channel_and_chunk_variables(n, nodes, env):
+    pairs(n, nodes=nodes, counts=[0, 3, 5000, 20001, 1 << 20], dtypes=("float32",), env=env)
