@@ -54,6 +54,7 @@ RING_HELLO = struct.Struct("<i")       # the rank connecting to its ring success
 P2P_HELLO = struct.Struct("<ii")       # a point-to-point message's sender and tag (bootstrapSend)
 P2P_MAX_MESSAGE = 1 << 20              # the most a point-to-point message may announce (connect blobs fit)
 P2P_MAX_UNEXPECTED = 8                 # per rank: messages kept before their recv (a peer has at most 4 in flight)
+P2P_CHECK_S = 0.05                     # how often a waiting recv asks whether its message can still come
 REPLY_GRACE_S = 5.0                    # a rank waits this much longer than the root, so the root's reason arrives
 
 
@@ -354,41 +355,61 @@ class Bootstrap:
         finally:
             s.close()
 
-    def recv(self, peer: int, tag: int, max_size: int, deadline: float | None = None, why: str = "") -> bytes:
+    def recv(self, peer: int, tag: int, max_size: int, why: str = "", check=None) -> bytes:
         """``bootstrapRecv``: ``peer``'s message under ``tag``; one from another (peer, tag) that arrives first is
         kept for its own ``recv`` (NCCL's unexpected-connection queue).  ``why``: what the wait is for, in the
-        timeout's message."""
+        timeout's message; ``check()``, called every ``P2P_CHECK_S`` while nothing comes, raises if the message
+        can no longer come (the peer aborted, exited or destroyed its communicator)."""
         key = (peer, tag)
-        if self._unexpected.get(key):
-            payload = self._unexpected[key].popleft()
-            if len(payload) > max_size:
-                raise BootstrapError(f"rank {self.rank}: rank {peer} sent {len(payload)} bytes, at most {max_size} "
-                                     f"expected")
-            return payload
-        deadline = self._deadline() if deadline is None else deadline
-        what = f"rank {peer}" + (f" ({why})" if why else "")
+        deadline = self._deadline()
         while True:
-            try:
-                s, body, addr = self.listener.accept(deadline, what, first=P2P_HELLO.size)
-            except BootstrapError:
+            got = self._take(key, max_size)
+            if got is not None:
+                return got
+            now = time.monotonic()
+            if now >= deadline:
                 raise BootstrapError(f"rank {self.rank}: no message from rank {peer} within {timeout_s():g} s "
-                                     f"(NCCLLAB_TIMEOUT)" + (f": {why}" if why else "")) from None
-            try:
-                sender, got_tag = P2P_HELLO.unpack(body)
-                if not 0 <= sender < self.nranks:
-                    raise BootstrapError(f"rank {self.rank}: a bootstrap message from {addr} claims rank {sender}")
-                payload = sockets.recv_msg(s, deadline, f"rank {sender} (bootstrap send)", P2P_MAX_MESSAGE)
-            finally:
-                s.close()
-            if (sender, got_tag) == key:
-                if len(payload) > max_size:
-                    raise BootstrapError(f"rank {self.rank}: rank {peer} sent {len(payload)} bytes, at most "
-                                         f"{max_size} expected")
-                return payload
-            if sum(map(len, self._unexpected.values())) >= P2P_MAX_UNEXPECTED * self.nranks:
-                raise BootstrapError(f"rank {self.rank}: more than {P2P_MAX_UNEXPECTED * self.nranks} bootstrap "
-                                     f"messages arrived before their recv (the last from {addr}, as rank {sender})")
-            self._unexpected.setdefault((sender, got_tag), collections.deque()).append(payload)
+                                     f"(NCCLLAB_TIMEOUT)" + (f": {why}" if why else ""))
+            if self._accept_one(min(deadline, now + P2P_CHECK_S) if check else deadline, peer, why):
+                continue
+            if check is not None:
+                try:
+                    check()
+                except Exception:
+                    self._accept_one(time.monotonic() + P2P_CHECK_S, peer, why)  # it may have come just before
+                    got = self._take(key, max_size)
+                    if got is not None:
+                        return got
+                    raise
+
+    def _take(self, key: tuple, max_size: int) -> bytes | None:
+        if not self._unexpected.get(key):
+            return None
+        payload = self._unexpected[key].popleft()
+        if len(payload) > max_size:
+            raise BootstrapError(f"rank {self.rank}: rank {key[0]} sent {len(payload)} bytes, at most {max_size} "
+                                 f"expected")
+        return payload
+
+    def _accept_one(self, until: float, peer: int, why: str) -> bool:
+        """Take the next point-to-point message that arrives before ``until`` into the queue; False if none."""
+        try:
+            s, body, addr = self.listener.accept(until, f"rank {peer}" + (f" ({why})" if why else ""),
+                                                 first=P2P_HELLO.size)
+        except BootstrapError:
+            return False
+        try:
+            sender, got_tag = P2P_HELLO.unpack(body)
+            if not 0 <= sender < self.nranks:
+                raise BootstrapError(f"rank {self.rank}: a bootstrap message from {addr} claims rank {sender}")
+            payload = sockets.recv_msg(s, self._deadline(), f"rank {sender} (bootstrap send)", P2P_MAX_MESSAGE)
+        finally:
+            s.close()
+        if sum(map(len, self._unexpected.values())) >= P2P_MAX_UNEXPECTED * self.nranks:
+            raise BootstrapError(f"rank {self.rank}: more than {P2P_MAX_UNEXPECTED * self.nranks} bootstrap "
+                                 f"messages arrived before their recv (the last from {addr}, as rank {sender})")
+        self._unexpected.setdefault((sender, got_tag), collections.deque()).append(payload)
+        return True
 
     def close(self) -> None:
         if self.listener is not None:

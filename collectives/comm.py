@@ -164,6 +164,8 @@ class Communicator(api.Collectives):
         self._kernel.tracer = self.tracer
         # point-to-point: its own kernel, whose waits check the peers' health but not their signatures
         self._p2p = P2p(self.rank, self.nranks, self.p2p, self._p2p_schedule, self.buff_sizes)
+        if self.conns is not None:
+            self.conns.peer_check = h.check_peer
         self._p2p_kernel = Kernel(self.rank, 0, "SendRecv", h.check_p2p, lambda peer: None, self.oversubscribed,
                                   h.suspects, h.warn)
         self._p2p_kernel.tracer = self.tracer

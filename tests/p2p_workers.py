@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -78,8 +79,11 @@ def ring(args: list[str]) -> None:
 def unmatched(args: list[str]) -> None:
     """Rank 0 sends to rank 1, which never posts the matching recv and destroys its communicator.  ``first``: at
     their first exchange (the connection fails); ``connected``: after one that connected them, with more than
-    the FIFO holds (the kernel waits for credit)."""
+    the FIFO holds (the kernel waits for credit); ``busy``: rank 1 stays alive past the deadline first, so rank 0's
+    wait ends by its deadline, not by learning that rank 1 left."""
     with collectives.Communicator() as comm:
+        if args[0] == "busy" and comm.rank == 1:
+            time.sleep(2 * float(os.environ["NCCLLAB_TIMEOUT"]))
         big = np.arange(1 << 20, dtype=np.float32)  # 4 MiB: more than NCCL_STEPS chunks of 128 KiB
         if args[0] == "connected":
             if comm.rank == 0:

@@ -38,15 +38,17 @@ def test_ring_exchange_in_one_group(n):
     assert proc.stdout.count("ok ring") == n
 
 
-@pytest.mark.parametrize("when", ["first", "connected"])
+@pytest.mark.parametrize("when", ["first", "connected", "busy"])
 def test_unmatched_send_names_both_ranks(when):
-    proc = run_ranks(2, "unmatched", when, env={"NCCLLAB_TIMEOUT": "10"}, script="p2p_workers.py", check=False,
-                     timeout=120)
+    proc = run_ranks(2, "unmatched", when, env={"NCCLLAB_TIMEOUT": "3" if when == "busy" else "10"},
+                     script="p2p_workers.py", check=False, timeout=120)
     assert proc.returncode != 0
     lines = (proc.stdout + proc.stderr).splitlines()
     for rank in (0, 1):
         named = [line for line in lines if f"rank {rank}:" in line and "rank 0" in line and "rank 1" in line]
         assert named, (rank, proc.stdout[-3000:], proc.stderr[-5000:])
+    if when == "busy":
+        assert any("rank 0: no message from rank 1 within 3 s (NCCLLAB_TIMEOUT)" in line for line in lines), lines
 
 
 @pytest.mark.parametrize("n", [1, 2])

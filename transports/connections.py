@@ -81,6 +81,9 @@ class Connections:
         self.info, self.bootstrap, self.peer_info = info, bootstrap, peer_info
         self.states: dict = {}  # transport -> its state for this communicator
         self.proxied = False    # whether any connection goes through a proxy (NET); fixed once connected
+        # (peer, why) -> None, raising if the peer can no longer take part (the communicator's health); a p2p
+        # setup asks it while it waits for the peer's blobs
+        self.peer_check = None
 
     def _state(self, transport):
         if transport not in self.states:
@@ -140,7 +143,9 @@ class Connections:
         for (p, d) in mine:
             why = (f"rank {r} {'sends to' if d == 'send' else 'receives from'} rank {p}, which has posted no "
                    f"matching {'recv' if d == 'send' else 'send'}")
-            theirs[(p, d)] = decode_blobs(self.bootstrap.recv(p, P2P_TAGS[d][1], blobs_bound(), why=why), p)
+            check = (lambda p=p, why=why: self.peer_check(p, why)) if self.peer_check else None
+            theirs[(p, d)] = decode_blobs(self.bootstrap.recv(p, P2P_TAGS[d][1], blobs_bound(), why=why,
+                                                              check=check), p)
         deadline = time.monotonic() + timeout_s()
         made = {}
         try:
@@ -158,8 +163,9 @@ class Connections:
             for (p, d) in mine:  # both ends connected: the peer may release its setup
                 self.bootstrap.send(p, P2P_TAGS[d][0] + 2, b"")
             for (p, d) in mine:
-                self.bootstrap.recv(p, P2P_TAGS[d][1] + 2, 0, why=f"rank {p} finishing its p2p connection with "
-                                                                 f"rank {r}")
+                why = f"rank {p} finishing its p2p connection with rank {r}"
+                check = (lambda p=p, why=why: self.peer_check(p, why)) if self.peer_check else None
+                self.bootstrap.recv(p, P2P_TAGS[d][1] + 2, 0, why=why, check=check)
         finally:
             for t in set(chosen.values()):
                 t.connected(self._state(t))
