@@ -7,7 +7,9 @@
 Mirrors ``ncclGetUniqueId`` / ``ncclCommInitRank`` / ``ncclAllReduce`` ... / ``ncclCommDestroy``, and takes the
 forms of NCCL's own Python binding, nccl4py (``import collectives as nccl`` in place of ``import nccl.core as
 nccl``): ``get_unique_id()``, ``Communicator.init(nranks=, rank=, unique_id=)``, ``allreduce(sendbuf, recvbuf,
-nccl.SUM)``, ``destroy()``.  No point-to-point (send/recv), all-to-all, groups or split yet.
+nccl.SUM)``, ``destroy()``; point-to-point ``send(buf, peer)`` / ``recv(buf, peer)``, grouped with ``with
+collectives.group():`` or ``group_start()`` / ``group_end()`` (``ncclGroupStart`` / ``ncclGroupEnd``).  No
+all-to-all or split yet.
 
 The package's folders mirror NCCL's ``src/``: ``misc/`` and ``include/`` (``src/misc``, ``src/include``), ``device/``
 and ``graph/``, the core at the root; ``perf/`` is the nccl-tests runner and ``tools/`` the other command lines.
@@ -16,7 +18,7 @@ transports import, or a launcher that needs only ``job``, does not import the co
 """
 
 __all__ = ["Communicator", "CollectiveError", "UniqueId", "get_unique_id", "DTYPES", "OPS", "SUM", "PROD", "MAX",
-           "MIN", "AVG"]
+           "MIN", "AVG", "group", "group_start", "group_end"]
 
 
 def __getattr__(name: str):
@@ -24,6 +26,8 @@ def __getattr__(name: str):
         from . import api as module
     elif name in ("UniqueId", "get_unique_id"):
         from . import bootstrap as module
+    elif name in ("group", "group_start", "group_end"):
+        from . import groups as module
     elif name == "Communicator":
         from . import comm as module
     elif name == "CollectiveError":

@@ -23,6 +23,7 @@ import numpy as np
 
 from collectives.misc.futex import address
 
+from . import groups
 from .device.reduce_copy import dtype_name
 
 SUM, PROD, MAX, MIN, AVG = "sum", "prod", "max", "min", "avg"  # nccl4py's names for ncclRedOp_t
@@ -128,6 +129,8 @@ def check_overlap(name: str, func: str, rank: int, send, recv) -> None:
     if func == "AllGather":
         exact = s0 == r0 + rank * send.nbytes
         rule = f"the send buffer is this rank's block of the receive buffer (recvbuff + {rank} * count)"
+    elif func == "AlltoAll":
+        exact, rule = False, "AlltoAll has no in-place form"
     elif func == "ReduceScatter":
         exact = r0 == s0 + rank * recv.nbytes
         rule = f"the receive buffer is this rank's block of the send buffer (sendbuff + {rank} * recvcount)"
@@ -225,4 +228,50 @@ class Collectives:
         self._launch("Reduce", flat, recv, flat.size, op, root)
         return result
 
-    allreduce, allgather = all_reduce, all_gather  # nccl4py's names
+    def all_to_all(self, send: np.ndarray, *rest, out: np.ndarray | None = None) -> np.ndarray:
+        """``ncclAlltoAll``: block q of this rank's ``send`` (``send.size / nranks`` elements) goes to rank q, and
+        block q of the result comes from rank q.  As NCCL enqueues it: a send and a recv per rank, self included,
+        in one group (joining the caller's group if one is open); one rank copies."""
+        out, _ = buffer_first("all_to_all", rest, out, None, None)
+        send = check_send("all_to_all", send, self.device)
+        if send.size % self.nranks:
+            raise ValueError(f"all_to_all: send size {send.size} is not a multiple of nranks {self.nranks}")
+        flat, recv, result = buffers("all_to_all", send, out, send.size, send.shape, device=self.device)
+        check_overlap("all_to_all", "AlltoAll", self.rank, flat, recv)
+        count = flat.size // self.nranks
+        if count == 0:
+            return result  # NCCL discards an empty collective
+        if self.nranks == 1:  # ncclLaunchOneRank
+            self._check()
+            recv[...] = flat
+            return result
+        with groups.group():
+            for r in range(self.nranks):
+                self.send(flat[r * count:(r + 1) * count], r)
+                self.recv(recv[r * count:(r + 1) * count], r)
+        return result
+
+    def send(self, buf: np.ndarray, peer: int) -> None:
+        """``ncclSend`` (nccl4py's ``send(sendbuf, peer)``): the bytes of ``buf`` to ``peer``, whose ``recv`` of as
+        many bytes matches it.  Inside a group it is queued until the group ends; outside, it returns once sent."""
+        self._enqueue_p2p(True, p2p_bytes("send", buf, self.nranks, peer, writeable=False), peer)
+
+    def recv(self, buf: np.ndarray, peer: int) -> None:
+        """``ncclRecv`` (nccl4py's ``recv(recvbuf, peer)``): ``buf`` receives the bytes ``peer`` sends."""
+        self._enqueue_p2p(False, p2p_bytes("recv", buf, self.nranks, peer, writeable=True), peer)
+
+    allreduce, allgather, alltoall = all_reduce, all_gather, all_to_all  # nccl4py's names
+
+
+def p2p_bytes(name: str, buf, nranks: int, peer: int, writeable: bool) -> np.ndarray:
+    """A send's or receive's buffer as its bytes (NCCL moves p2p data as int8): a contiguous numpy array, and
+    a peer of the communicator."""
+    if not isinstance(peer, (int, np.integer)) or not 0 <= peer < nranks:
+        raise ValueError(f"{name}: peer {peer} out of range for nranks {nranks}")
+    if not isinstance(buf, np.ndarray):
+        raise TypeError(f"{name}: the buffer must be a numpy array, not {type(buf).__name__}")
+    if not buf.flags.c_contiguous:
+        raise ValueError(f"{name}: the buffer must be contiguous (NCCL takes a pointer and a count)")
+    if writeable and not buf.flags.writeable:
+        raise ValueError(f"{name}: the receive buffer is read-only")
+    return buf.reshape(-1).view(np.uint8)

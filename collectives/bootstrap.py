@@ -9,6 +9,8 @@
   ``prev``.
 * ``allgather`` (``bootstrapAllGather``): n-1 ring steps, each forwarding the slice received in the previous step.
 * ``barrier`` (``bootstrapBarrier``): an allgather of nothing.
+* ``send`` / ``recv`` (``bootstrapSend`` / ``bootstrapRecv``): a tagged message between two ranks, each on its own
+  connection to the receiver's listener, which stays open after init (the point-to-point connections' setup).
 
 Every socket here is open to the network, so nothing received is trusted before its handshake, and nothing
 received can run code.  Each connection starts with NCCL's handshake (the magic, then ``ncclSocketTypeBootstrap``,
@@ -23,6 +25,7 @@ missing instead of letting each of them time out alone.
 """
 from __future__ import annotations
 
+import collections
 import ipaddress
 import secrets
 import struct
@@ -48,6 +51,10 @@ JOIN = struct.Struct("<iiH64s")        # a joining rank: rank, nranks, its ring 
 REPLY = struct.Struct("<BH64s1024s")   # the root's answer: kind, the successor's port and address, an error text
 REPLY_NEXT, REPLY_ERROR = 0, 1
 RING_HELLO = struct.Struct("<i")       # the rank connecting to its ring successor
+P2P_HELLO = struct.Struct("<ii")       # a point-to-point message's sender and tag (bootstrapSend)
+P2P_MAX_MESSAGE = 1 << 20              # the most a point-to-point message may announce (connect blobs fit)
+P2P_MAX_UNEXPECTED = 8                 # per rank: messages kept before their recv (a peer has at most 4 in flight)
+P2P_CHECK_S = 0.05                     # how often a waiting recv asks whether its message can still come
 REPLY_GRACE_S = 5.0                    # a rank waits this much longer than the root, so the root's reason arrives
 
 
@@ -210,6 +217,9 @@ class Bootstrap:
             raise ValueError(f"rank {rank} out of range for nranks {nranks}")
         self.uid, self.rank, self.nranks = uid, rank, nranks
         self.next_sock = self.prev_sock = None
+        self.listener: Listener | None = None   # open after init for point-to-point messages
+        self.peer_addrs: list[tuple[str, int]] = []
+        self._unexpected: dict = {}  # (peer, tag) -> the messages that came before their recv, oldest first
         self._init()
 
     def _deadline(self) -> float:
@@ -229,6 +239,7 @@ class Bootstrap:
         _, my_addr = sockets.find_interface()
         srv = Listener(sockets.listen(my_addr), uid.magic, SOCKET_TYPE_BOOTSTRAP, f"bootstrap ring of rank "
                                                                                    f"{self.rank}")
+        ok = False
         try:
             next_host, next_port = self._join_root(deadline, srv.address())
             if self.nranks == 1:
@@ -243,8 +254,14 @@ class Bootstrap:
             if claimed != prev:
                 raise BootstrapError(f"rank {self.rank}: the bootstrap connection from {addr} says it is rank "
                                      f"{claimed}, the ring's predecessor is rank {prev}")
+            # the listener stays open for point-to-point messages (bootstrapSend / bootstrapRecv); every rank
+            # learns where every other one listens (NCCL's allgather of peerP2pAddresses)
+            host, port = srv.address()
+            self.peer_addrs = [(_text(h), p) for h, p in self.allgather_struct("<64sH", host.encode(), port)]
+            self.listener, ok = srv, True
         finally:
-            srv.close()
+            if not ok:
+                srv.close()
 
     def _join_root(self, deadline: float, my_addr: tuple[str, int]) -> tuple[str, int]:
         """Tell the root where this rank listens; its answer is the successor's address, or why not."""
@@ -323,7 +340,81 @@ class Bootstrap:
     def barrier(self) -> None:
         self.allgather(b"", 0)
 
+    # ------------------------------------------------------------------ point to point
+    def send(self, peer: int, tag: int, payload: bytes) -> None:
+        """``bootstrapSend``: one framed message to ``peer`` under ``tag``, on a connection of its own to the peer's
+        listener (the connect completes in the peer's backlog: it need not be receiving yet)."""
+        deadline = self._deadline()
+        what = f"rank {peer} (bootstrap send from rank {self.rank})"
+        s = sockets.connect(self.peer_addrs[peer], deadline, what, self._hello())
+        try:
+            s.sendall(P2P_HELLO.pack(self.rank, tag))
+            sockets.send_msg(s, payload, deadline, what)
+        except OSError as exc:
+            raise BootstrapError(f"rank {self.rank}: bootstrap send to rank {peer} failed: {exc}") from None
+        finally:
+            s.close()
+
+    def recv(self, peer: int, tag: int, max_size: int, why: str = "", check=None) -> bytes:
+        """``bootstrapRecv``: ``peer``'s message under ``tag``; one from another (peer, tag) that arrives first is
+        kept for its own ``recv`` (NCCL's unexpected-connection queue).  ``why``: what the wait is for, in the
+        timeout's message; ``check()``, called every ``P2P_CHECK_S`` while nothing comes, raises if the message
+        can no longer come (the peer aborted, exited or destroyed its communicator)."""
+        key = (peer, tag)
+        deadline = self._deadline()
+        while True:
+            got = self._take(key, max_size)
+            if got is not None:
+                return got
+            now = time.monotonic()
+            if now >= deadline:
+                raise BootstrapError(f"rank {self.rank}: no message from rank {peer} within {timeout_s():g} s "
+                                     f"(NCCLLAB_TIMEOUT)" + (f": {why}" if why else ""))
+            if self._accept_one(min(deadline, now + P2P_CHECK_S) if check else deadline, peer, why):
+                continue
+            if check is not None:
+                try:
+                    check()
+                except Exception:
+                    self._accept_one(time.monotonic() + P2P_CHECK_S, peer, why)  # it may have come just before
+                    got = self._take(key, max_size)
+                    if got is not None:
+                        return got
+                    raise
+
+    def _take(self, key: tuple, max_size: int) -> bytes | None:
+        if not self._unexpected.get(key):
+            return None
+        payload = self._unexpected[key].popleft()
+        if len(payload) > max_size:
+            raise BootstrapError(f"rank {self.rank}: rank {key[0]} sent {len(payload)} bytes, at most {max_size} "
+                                 f"expected")
+        return payload
+
+    def _accept_one(self, until: float, peer: int, why: str) -> bool:
+        """Take the next point-to-point message that arrives before ``until`` into the queue; False if none."""
+        try:
+            s, body, addr = self.listener.accept(until, f"rank {peer}" + (f" ({why})" if why else ""),
+                                                 first=P2P_HELLO.size)
+        except BootstrapError:
+            return False
+        try:
+            sender, got_tag = P2P_HELLO.unpack(body)
+            if not 0 <= sender < self.nranks:
+                raise BootstrapError(f"rank {self.rank}: a bootstrap message from {addr} claims rank {sender}")
+            payload = sockets.recv_msg(s, self._deadline(), f"rank {sender} (bootstrap send)", P2P_MAX_MESSAGE)
+        finally:
+            s.close()
+        if sum(map(len, self._unexpected.values())) >= P2P_MAX_UNEXPECTED * self.nranks:
+            raise BootstrapError(f"rank {self.rank}: more than {P2P_MAX_UNEXPECTED * self.nranks} bootstrap "
+                                 f"messages arrived before their recv (the last from {addr}, as rank {sender})")
+        self._unexpected.setdefault((sender, got_tag), collections.deque()).append(payload)
+        return True
+
     def close(self) -> None:
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
         for s in (self.next_sock, self.prev_sock):
             if s is not None:
                 s.close()

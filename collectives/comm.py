@@ -20,6 +20,7 @@ from collectives.include.protocols import buffer_sizes
 from collectives.misc.futex import address
 from collectives.misc.param import env_str
 from collectives.misc.shm_segment import ShmError
+from collectives.misc.sockets import BootstrapError
 from tracing import debug
 from tracing.events import from_env as tracer_from_env
 from tracing.events import now
@@ -42,6 +43,9 @@ from .graph.rings import parse_rings, ring_orders
 from .graph.trees import tree_table
 from .health import Health
 from .job import install_fatal_hook, rank_env
+from . import groups
+from .p2p import P2p
+from .p2p_schedule import P2pChannels, p2p_channels, p2p_schedule
 from .peers import exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
 
@@ -124,9 +128,15 @@ class Communicator(api.Collectives):
         self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes, nnodes=self.nnodes,
                                              max_threads=self.max_threads)
         self.cost_model = CostModel(self.machine, proto_text, algo_text)
+        self.p2p: P2pChannels = p2p_channels(self.nchannels, self.node_of_rank, self.buff_sizes["Simple"])
+        self._p2p_schedule = p2p_schedule(self.rank, self.node_of_rank)
+        debug.info("INIT", f"P2P Chunksize set to {self.p2p.chunk_size}")
+        debug.info("GRAPH", f"ncclP2pSchedule: group size used is {self.p2p.group_size}")
         if self.rank == 0:
             for line in self.cost_model.tuning_lines(self.max_threads):
                 debug.info("TUNING", line)
+        debug.info("INIT", f"{self.nchannels} coll channels, {self.nchannels} collnet channels, 0 nvls channels, "
+                           f"{self.p2p.n_channels} p2p channels, {self.p2p.n_channels_per_peer} p2p channels per peer")
         debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nRanks {self.nranks} nNodes {self.nnodes} "
                            f"localRanks {len(self.local_ranks)} localRank {self.local_rank} MNNVL 0")
         log_channels(self.rank, self.channels, self.trees)
@@ -152,6 +162,13 @@ class Communicator(api.Collectives):
         if self.conns is not None and self.conns.proxied:  # a blocked kernel moves its NET bytes itself
             self._kernel.poll = self.conns.poll
         self._kernel.tracer = self.tracer
+        # point-to-point: its own kernel, whose waits check the peers' health but not their signatures
+        self._p2p = P2p(self.rank, self.nranks, self.p2p, self._p2p_schedule, self.buff_sizes)
+        if self.conns is not None:
+            self.conns.peer_check = h.check_peer
+        self._p2p_kernel = Kernel(self.rank, 0, "SendRecv", h.check_p2p, lambda peer: None, self.oversubscribed,
+                                  h.suspects, h.warn)
+        self._p2p_kernel.tracer = self.tracer
         self._compiled = None if self._gpu else ll_compiled.Cache(self.channels, self.nranks, h.pages, h.mine,
                                                                   self.rank)
         self._tasks: dict[tuple, Task] = {}
@@ -183,9 +200,13 @@ class Communicator(api.Collectives):
         self._tasks = {}
         if getattr(self, "_compiled", None) is not None:
             self._compiled.free()
-        if self._kernel is not None:
-            self._kernel.free()
-        self._compiled = self._kernel = self._gpu = None
+        for k in (self._kernel, getattr(self, "_p2p_kernel", None)):
+            if k is not None:
+                k.free()
+        if getattr(self, "_p2p", None) is not None:
+            self._p2p.clear()
+            self._p2p.conns.clear()
+        self._compiled = self._kernel = self._p2p_kernel = self._gpu = None
         for ch in getattr(self, "channels", ()):
             ch.send = ch.recv = None
             ch.send_to.clear()
@@ -212,6 +233,8 @@ class Communicator(api.Collectives):
     def _launch(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> None:
         """``ncclEnqueueCheck`` + ``ncclLaunchKernel`` for one collective (its ``Task`` is built on first use)."""
         self._check()
+        if groups.depth():
+            raise RuntimeError(f"{func} inside a group: groups hold only send and recv here")
         task = self._tasks.get((func, count, send.dtype, op, root))
         if task is None:
             if len(self._tasks) > 4096:  # many distinct calls: start again rather than grow without bound
@@ -239,6 +262,38 @@ class Communicator(api.Collectives):
             raise
         finally:
             self.op_count += 1
+
+    # ------------------------------------------------------------------ point-to-point
+    def _enqueue_p2p(self, is_send: bool, buff: np.ndarray, peer: int) -> None:
+        """``ncclEnqueueCheck`` of a send or recv: queue it, and launch at once outside a group."""
+        self._check()
+        if self._gpu is not None:
+            raise NotImplementedError(f"send/recv on --device {self.device.name}: only the CPU device has them")
+        self._p2p.append(is_send, buff, peer)
+        groups.enqueue(self)
+
+    def group_launch(self) -> None:
+        """``groupLaunch`` for this communicator: connect, plan and run its queued sends and receives; a failure
+        puts the communicator in error, as a collective's does."""
+        if not self._p2p.pending:
+            return
+        self._check()
+        kernel = self._p2p_kernel
+        kernel.reset(self.op_count, "SendRecv")
+        try:
+            self._p2p.launch(kernel, self.conns)
+        except (CollectiveError, BootstrapError) as exc:
+            err = exc if isinstance(exc, CollectiveError) else CollectiveError(str(exc))
+            self._error = str(err)
+            self._flush_trace()
+            self.health.fail(err, kernel, self.tracer)
+            if err is not exc:
+                raise err from None
+            raise
+
+    def group_abandon(self) -> None:
+        """The group was left by an exception: drop what it queued."""
+        self._p2p.clear()
 
     def _run(self, task: Task, send, recv, compiled, placed: bool) -> None:
         plan, func, tracer = task.plan, task.func, self.tracer
@@ -281,6 +336,10 @@ class Communicator(api.Collectives):
         """Every channel's tree as plain data: ``[{rank: (up, [down...])}]`` (trace metadata, reference model)."""
         return tree_table(self.trees)
 
+    def p2p_schedule(self) -> list[tuple[int, int]]:
+        """``comm->p2pSchedule``: this rank's (send rank, recv rank) of each point-to-point round."""
+        return list(self._p2p_schedule)
+
     @property
     def rings(self) -> list[list[int]]:
         """The ring of each channel, as given or derived (rank order by default)."""
@@ -304,7 +363,13 @@ class Communicator(api.Collectives):
         self.health.destroyed(self.op_count)  # a peer still waiting for us learns it now
         try:
             if self._error is None and self.nranks > 1:
-                self.bootstrap.barrier()
+                try:
+                    self.bootstrap.barrier()
+                except BootstrapError:
+                    aborted = self.health.peer_aborted()  # the peer that left the barrier says why
+                    if aborted:
+                        raise CollectiveError(f"rank {self.rank}: rank {aborted[0]} aborted: {aborted[1]}") from None
+                    raise
                 aborted = self.health.peer_aborted()
                 if aborted:
                     raise CollectiveError(f"rank {self.rank}: rank {aborted[0]} aborted: {aborted[1]}")

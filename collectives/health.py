@@ -78,6 +78,32 @@ class Health:
                 sig = page.signature(kernel.op_count)
                 if sig is not None and sig != self.signature:
                     self._mismatch(r, sig, kernel.op_count)
+        self.check_alive(kernel)
+
+    def check_p2p(self, kernel) -> None:
+        """What a point-to-point kernel checks while it waits: ``check`` without the signatures (its peers run
+        other operations, and publish none), and a peer that exited or destroyed its communicator only matters
+        if the kernel waits for it (the others may be done with theirs)."""
+        self.check_alive(kernel, {w[1] for w in kernel.wait_state.values()})
+
+    def check_peer(self, peer: int, why: str) -> None:
+        """Outside a kernel (a p2p setup waiting for ``peer``): raise if that local peer aborted, exited or
+        destroyed its communicator, so the wait ends now rather than at the deadline; ``why`` says what this rank
+        waited for."""
+        page = self.pages.get(peer)
+        if page is None or peer == self.rank:
+            return  # a rank on another node: only the deadline can tell
+        if page.aborted:
+            raise CollectiveError(f"rank {self.rank}: rank {peer} aborted [{page.message}]; {why}", secondary=True)
+        if not sockets.pid_alive(self.peer_info[peer]["pid"]):
+            raise CollectiveError(f"rank {self.rank}: rank {peer} (pid {self.peer_info[peer]['pid']}) is gone "
+                                  f"(killed or exited): {why}")
+        if page.destroyed:
+            raise CollectiveError(f"rank {self.rank}: rank {peer} destroyed its communicator: {why}")
+
+    def check_alive(self, kernel, waited: set | None = None) -> None:
+        """A transport failed, or a local peer aborted, exited or destroyed its communicator (of those, only the
+        ``waited`` ones when given)."""
         failure = self.transport_error()
         if failure:
             raise CollectiveError(f"rank {self.rank}: {failure}; during {kernel.func}: {kernel.describe_wait()}")
@@ -87,6 +113,8 @@ class Health:
             if page.aborted:
                 raise CollectiveError(f"rank {self.rank}: rank {r} aborted [{page.message}]; this rank, in "
                                       f"{kernel.func}: {kernel.describe_wait()}", secondary=True)
+            if waited is not None and r not in waited:
+                continue
             if not sockets.pid_alive(self.peer_info[r]["pid"]):
                 raise CollectiveError(f"rank {self.rank}: rank {r} (pid {self.peer_info[r]['pid']}) is gone "
                                       f"(killed or exited) during {kernel.func}: {kernel.describe_wait()}")

@@ -38,12 +38,13 @@ class Transport:
         """This communicator's resources for the transport (created at the first connection that uses it)."""
         raise NotImplementedError
 
-    def setup(self, state, channel: int, peer: int, is_send: bool):
-        """``send.setup`` / ``recv.setup``: this side's resources; returns the blob the peer connects with."""
+    def setup(self, state, channel: int, peer: int, is_send: bool, conn_index: int = 0):
+        """``send.setup`` / ``recv.setup``: this side's resources; returns the blob the peer connects with.
+        ``conn_index``: 0 for the collectives' connections, 1 for point-to-point ones (NCCL's ``connIndex``)."""
         raise NotImplementedError
 
     def connect(self, state, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
-                deadline: float) -> Connector:
+                deadline: float, conn_index: int = 0) -> Connector:
         """``send.connect`` / ``recv.connect``: the connector the kernel uses."""
         raise NotImplementedError
 

@@ -2,6 +2,9 @@
 ``ncclTransportP2pSetup``; ``src/transport/generic.cc``: ``ncclTransportRingConnect``, ``ncclTransportTreeConnect``),
 and what the connections own.
 
+Point-to-point connections (``connect_p2p``, connIndex 1) are made at a peer's first send or receive, between the
+two ranks alone: their blobs go by the bootstrap's send/recv, not an allgather.
+
 Rings: per channel a recv connector from ``ring.prev`` and a send connector to ``ring.next``.  Trees: per channel a
 recv and a send connector with ``up`` and with each of ``down[]``; one that a ring already made is shared (both
 use connIndex 0).  We connect trees at init, as NCCL does with ``NCCL_RUNTIME_CONNECT=0``.  For each (channel,
@@ -29,6 +32,9 @@ from .registry import select_transport
 
 CONNECT_SIZE = 256                  # NCCL's ncclConnect: the most a transport's blob may hold
 BLOB_ENTRY = struct.Struct("<BHiH")  # direction (0 send, 1 recv), channel, peer, blob length; then the blob
+# bootstrap tags of a p2p connection's setup, by this rank's direction: (what it sends, what it expects); the
+# receiving end of a direction uses the sender's pair reversed.  The acks are each tag + 2.
+P2P_TAGS = {"send": (1, 2), "recv": (2, 1)}
 MAX_BLOBS_PER_CHANNEL = 16          # a ring's two and a tree's up to 2 x (1 up + 3 down), with room to spare
 
 
@@ -75,6 +81,9 @@ class Connections:
         self.info, self.bootstrap, self.peer_info = info, bootstrap, peer_info
         self.states: dict = {}  # transport -> its state for this communicator
         self.proxied = False    # whether any connection goes through a proxy (NET); fixed once connected
+        # (peer, why) -> None, raising if the peer can no longer take part (the communicator's health); a p2p
+        # setup asks it while it waits for the peer's blobs
+        self.peer_check = None
 
     def _state(self, transport):
         if transport not in self.states:
@@ -113,6 +122,55 @@ class Connections:
             for t, state in self.states.items():
                 t.connected(state)
             self.proxied = any(t.proxied(state) for t, state in self.states.items())
+
+    def connect_p2p(self, needs: dict) -> dict:
+        """``ncclTransportP2pSetup`` for point-to-point (connIndex 1): ``needs`` is {peer: {"send" | "recv":
+        [channels]}}, the connectors this rank lacks; only the ranks concerned take part, each direction with a
+        peer on its own tags (the peer asks for the same channels from its side).  First every blob goes out, then
+        the peers' come in (so no order of peers can deadlock), the senders connect before the receivers accept,
+        and a last message each way says both ends are connected (then SHM may unlink its segments).  Returns
+        {(peer, channel, "send" | "recv"): connector}."""
+        me, r = self.peer_info[self.info.rank], self.info.rank
+        chosen = {p: select_transport(me, self.peer_info[p]) for p in needs}
+        mine = {}
+        for p, dirs in needs.items():
+            t = chosen[p]
+            for d, chans in dirs.items():
+                blobs = {(d, c, p): t.setup(self._state(t), c, p, d == "send", conn_index=1) for c in chans}
+                mine[(p, d)] = blobs
+                self.bootstrap.send(p, P2P_TAGS[d][0], encode_blobs(blobs))
+        theirs = {}
+        for (p, d) in mine:
+            why = (f"rank {r} {'sends to' if d == 'send' else 'receives from'} rank {p}, which has posted no "
+                   f"matching {'recv' if d == 'send' else 'send'}")
+            check = (lambda p=p, why=why: self.peer_check(p, why)) if self.peer_check else None
+            theirs[(p, d)] = decode_blobs(self.bootstrap.recv(p, P2P_TAGS[d][1], blobs_bound(), why=why,
+                                                              check=check), p)
+        deadline = time.monotonic() + timeout_s()
+        made = {}
+        try:
+            for side in ("send", "recv"):  # senders first: a NET connect completes without the peer's accept
+                for (p, d), blobs in mine.items():
+                    if d != side:
+                        continue
+                    t = chosen[p]
+                    for (_, c, _), blob in blobs.items():
+                        peer_blob = theirs[(p, d)].get(("recv" if d == "send" else "send", c, r))
+                        if peer_blob is None:
+                            raise BootstrapError(f"rank {r}: rank {p} published no p2p {d} peer for channel {c}")
+                        made[(p, c, d)] = t.connect(self._state(t), c, p, d == "send", blob, peer_blob, deadline,
+                                                    conn_index=1)
+            for (p, d) in mine:  # both ends connected: the peer may release its setup
+                self.bootstrap.send(p, P2P_TAGS[d][0] + 2, b"")
+            for (p, d) in mine:
+                why = f"rank {p} finishing its p2p connection with rank {r}"
+                check = (lambda p=p, why=why: self.peer_check(p, why)) if self.peer_check else None
+                self.bootstrap.recv(p, P2P_TAGS[d][1] + 2, 0, why=why, check=check)
+        finally:
+            for t in set(chosen.values()):
+                t.connected(self._state(t))
+            self.proxied = any(tt.proxied(state) for tt, state in self.states.items())
+        return made
 
     # --- what the communicator asks of its connections ---
 

@@ -170,24 +170,25 @@ class NetTransport(Transport):
     def new_state(self, info: CommInfo) -> NetState:
         return NetState(info)
 
-    def setup(self, state: NetState, channel: int, peer: int, is_send: bool):
+    def setup(self, state: NetState, channel: int, peer: int, is_send: bool, conn_index: int = 0):
         """The receiver listens and publishes the plugin's handle; the sender has nothing to publish."""
         if is_send:
             return b""
-        handle, state.listens[(channel, peer)] = state.plugin.listen(0)
+        handle, state.listens[(channel, peer, conn_index)] = state.plugin.listen(0)
         return handle
 
     def connect(self, state: NetState, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
-                deadline: float) -> Connector:
+                deadline: float, conn_index: int = 0) -> Connector:
         info, plugin = state.info, state.plugin
         me, dev = info.rank, info.dev
         conn = make_connector(peer, is_send, info.buff_sizes, state.via)
         if is_send:
             comm = plugin.connect(0, peer_blob, deadline)
-            line = f"Channel {channel:02d}/0 : {me}[{dev(me)}] -> {peer}[{dev(peer)}] [send] via {state.via}"
+            line = f"Channel {channel:02d}/{conn_index} : {me}[{dev(me)}] -> {peer}[{dev(peer)}] [send] via {state.via}"
         else:
-            comm = plugin.accept(state.listens[(channel, peer)], deadline)
-            line = f"Channel {channel:02d}/0 : {peer}[{dev(peer)}] -> {me}[{dev(me)}] [receive] via {state.via}"
+            comm = plugin.accept(state.listens[(channel, peer, conn_index)], deadline)
+            line = (f"Channel {channel:02d}/{conn_index} : {peer}[{dev(peer)}] -> {me}[{dev(me)}] [receive] via "
+                    f"{state.via}")
         state.connections.append(NetConnection(plugin, conn, comm, channel))
         debug.info("INIT|NET", line)
         return conn

@@ -150,11 +150,13 @@ class P2PTransport(Transport):
     def new_state(self, info: CommInfo) -> P2PState:
         return P2PState(info, info.device)
 
-    def setup(self, state: P2PState, channel: int, peer: int, is_send: bool) -> bytes:
+    def setup(self, state: P2PState, channel: int, peer: int, is_send: bool, conn_index: int = 0) -> bytes:
+        if conn_index:  # the pool's layout has one connection per (channel, peer): the collectives'
+            raise NotImplementedError("the P2P transport has no point-to-point connections (connIndex 1)")
         return _BLOB.pack(os.getpid())  # the peer in this same process takes the pointer itself
 
     def connect(self, state: P2PState, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
-                deadline: float) -> P2PConnector:
+                deadline: float, conn_index: int = 0) -> P2PConnector:
         state.open()
         if len(peer_blob) != _BLOB.size:
             raise P2PError(f"rank {peer}: a P2P connect blob of {len(peer_blob)} bytes, expected {_BLOB.size}")

@@ -34,6 +34,11 @@ def segment_name(blob: bytes, tag: str, peer: int) -> str:
     return name
 
 
+def _index(conn_index: int) -> str:
+    """A point-to-point connection's segments are named apart from the collectives' of the same channel and peer."""
+    return f"-i{conn_index}" if conn_index else ""
+
+
 class ShmSetup:
     """Segments this rank creates for one communicator, and the connectors built from the peers' segments."""
 
@@ -50,15 +55,15 @@ class ShmSetup:
                           f"{hex(seg.array.ctypes.data)}")
         return seg
 
-    def recv_setup(self, channel: int, peer: int) -> str:
+    def recv_setup(self, channel: int, peer: int, conn_index: int = 0) -> str:
         """Receiver side: ncclRecvMem (tail) + the LL, LL128 and Simple FIFOs.  Returns the connect blob (its name)."""
-        name = f"nccllab-{self.tag}-r{self.rank}-c{channel}-recv{peer}"
+        name = f"nccllab-{self.tag}-r{self.rank}-c{channel}{_index(conn_index)}-recv{peer}"
         self._create(name, self.recv_bytes)
         return name
 
-    def send_setup(self, channel: int, peer: int) -> str:
+    def send_setup(self, channel: int, peer: int, conn_index: int = 0) -> str:
         """Sender side: ncclSendMem (head)."""
-        name = f"nccllab-{self.tag}-r{self.rank}-c{channel}-send{peer}"
+        name = f"nccllab-{self.tag}-r{self.rank}-c{channel}{_index(conn_index)}-send{peer}"
         self._create(name, SENDMEM_BYTES)
         return name
 
@@ -114,11 +119,11 @@ class ShmTransport(Transport):
         state.info = info
         return state
 
-    def setup(self, state: ShmSetup, channel: int, peer: int, is_send: bool) -> bytes:
-        return (state.send_setup if is_send else state.recv_setup)(channel, peer).encode()
+    def setup(self, state: ShmSetup, channel: int, peer: int, is_send: bool, conn_index: int = 0) -> bytes:
+        return (state.send_setup if is_send else state.recv_setup)(channel, peer, conn_index).encode()
 
     def connect(self, state: ShmSetup, channel: int, peer: int, is_send: bool, my_blob: bytes, peer_blob: bytes,
-                deadline: float) -> Connector:
+                deadline: float, conn_index: int = 0) -> Connector:
         me, dev = state.info.rank, state.info.dev
         my_blob, peer_blob = my_blob.decode(), segment_name(peer_blob, state.tag, peer)
         if not is_send:

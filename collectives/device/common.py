@@ -30,8 +30,9 @@ SPINS_BEFORE_SLEEP = 20  # oversubscribed only: sched_yield first, then sleep (m
 # than slept and woken (the runs that chose it: docs/measured.md).
 SPIN_S_BEFORE_SLEEP = 0.001
 CHECK_EVERY_S = 0.02
-# Thread groups of one channel (runTreeSplit's reduce-up and broadcast-down halves run side by side).
-GROUPS = {0: "", 1: "tree reduce", 2: "tree broadcast", 3: "proxy"}
+# Thread groups of one channel (runTreeSplit's reduce-up and broadcast-down halves, a p2p work's send and recv, run
+# side by side).
+GROUPS = {0: "", 1: "tree reduce", 2: "tree broadcast", 3: "proxy", 4: "p2p send", 5: "p2p recv"}
 
 
 class CollectiveError(RuntimeError):

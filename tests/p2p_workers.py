@@ -1,0 +1,180 @@
+"""Rank programs for the point-to-point tests: ``p2p_workers.py NAME [args]``, one process per rank."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+import collectives
+from collectives.device.reduce_copy import DTYPES
+from workers import inputs_for, poisoned, rank0, same
+
+
+def p2p_schedule(args: list[str]) -> None:
+    """Print this rank's ``Communicator.p2p_schedule()``."""
+    with collectives.Communicator() as comm:
+        sys.stdout.write(f"schedule {comm.rank} {comm.p2p_schedule()!r}\n")  # one write: ranks share the pipe
+        sys.stdout.flush()
+
+
+def pairs(args: list[str]) -> None:
+    """pairs COUNTS DTYPES (JSON lists): for every (sender, receiver) pair in turn, self included, the sender's
+    fresh random input arrives bitwise in the receiver's poisoned buffer; ranks outside the pair do nothing."""
+    counts, dtypes = json.loads(args[0]), json.loads(args[1])
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        moved = 0
+        for dtype in dtypes:
+            dt = DTYPES[dtype]
+            for count in counts:
+                for src in range(n):
+                    for dst in range(n):
+                        seed += 1
+                        if r not in (src, dst):
+                            continue
+                        x = inputs_for(seed, n, count, dt)[src]
+                        out = poisoned(count, dt)
+                        if src == dst:  # a self-send: both halves in one group
+                            with collectives.group():
+                                comm.send(x, dst)
+                                comm.recv(out, src)
+                        elif r == src:
+                            comm.send(x, dst)
+                        else:
+                            comm.recv(out, src)
+                        if r == dst:
+                            same(out, x, f"{dtype} count={count} {src}->{dst} n={n}")
+                            moved += 1
+        sys.stdout.write(f"rank {r} ok {moved} receives\n")
+        sys.stdout.flush()
+
+
+def ring(args: list[str]) -> None:
+    """ring COUNT DTYPE: in one group each rank sends to rank + 1 and receives from rank - 1 (group_start /
+    group_end), then the same with the context manager in the other direction."""
+    count, dt = int(args[0]), DTYPES[args[1]]
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        xs = inputs_for(seed, n, count, dt)
+        out = poisoned(count, dt)
+        collectives.group_start()
+        comm.send(xs[r], (r + 1) % n)
+        comm.recv(out, (r - 1) % n)
+        collectives.group_end()
+        same(out, xs[(r - 1) % n], f"ring +1 count={count} rank {r}")
+        back = poisoned(count, dt)
+        with collectives.group():
+            comm.recv(back, (r + 1) % n)
+            comm.send(xs[r], (r - 1) % n)
+        same(back, xs[(r + 1) % n], f"ring -1 count={count} rank {r}")
+        sys.stdout.write(f"rank {r} ok ring\n")
+        sys.stdout.flush()
+
+
+def unmatched(args: list[str]) -> None:
+    """Rank 0 sends to rank 1, which never posts the matching recv and destroys its communicator.  ``first``: at
+    their first exchange (the connection fails); ``connected``: after one that connected them, with more than
+    the FIFO holds (the kernel waits for credit); ``busy``: rank 1 stays alive past the deadline first, so rank 0's
+    wait ends by its deadline, not by learning that rank 1 left."""
+    with collectives.Communicator() as comm:
+        if args[0] == "busy" and comm.rank == 1:
+            time.sleep(2 * float(os.environ["NCCLLAB_TIMEOUT"]))
+        big = np.arange(1 << 20, dtype=np.float32)  # 4 MiB: more than NCCL_STEPS chunks of 128 KiB
+        if args[0] == "connected":
+            if comm.rank == 0:
+                comm.send(big, 1)
+            else:
+                comm.recv(np.empty_like(big), 0)
+        if comm.rank == 0:
+            comm.send(big if args[0] == "connected" else big[:1000], 1)
+
+
+def alltoall(args: list[str]) -> None:
+    """alltoall COUNTS DTYPES (JSON lists): block q of every rank's result is rank q's block for it, bitwise, in
+    both forms (ours with a fresh result, nccl4py's into a poisoned buffer)."""
+    counts, dtypes = json.loads(args[0]), json.loads(args[1])
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        for dtype in dtypes:
+            dt = DTYPES[dtype]
+            for count in counts:
+                seed += 1
+                xs = inputs_for(seed, n, count * n, dt)
+                want = np.concatenate([xs[q][r * count:(r + 1) * count] for q in range(n)])
+                same(comm.all_to_all(xs[r]), want, f"all_to_all {dtype} count={count} rank {r}")
+                out = poisoned(count * n, dt)
+                comm.alltoall(xs[r], out)
+                same(out, want, f"alltoall {dtype} count={count} rank {r}")
+        sys.stdout.write(f"rank {r} ok alltoall\n")
+        sys.stdout.flush()
+
+
+def usage(args: list[str]) -> None:
+    """What NCCL refuses as invalid usage, refused here before anything moves; the communicator stays usable."""
+    with collectives.Communicator() as comm:
+        r, n = comm.rank, comm.nranks
+        x = np.arange(5, dtype=np.float32) + r
+        for bad, why in ((lambda: comm.send(x, n), "out of range"), (lambda: comm.recv(x[::2], 0), "contiguous"),
+                         (lambda: comm.send([1, 2], 0), "numpy array")):
+            try:
+                bad()
+            except (ValueError, TypeError) as exc:
+                assert why in str(exc), exc
+            else:
+                raise AssertionError(f"accepted: {why}")
+        y = np.zeros(2 * n, np.float32)
+        try:
+            comm.all_to_all(y, out=y)
+        except ValueError as exc:
+            assert "no in-place form" in str(exc), exc
+        else:
+            raise AssertionError("an in-place all_to_all was accepted")
+        if n > 1:
+            try:
+                comm.all_to_all(np.zeros(2 * n + 1, np.float32))
+            except ValueError as exc:
+                assert "not a multiple of nranks" in str(exc), exc
+            else:
+                raise AssertionError("an all_to_all of a size not a multiple of nranks was accepted")
+        try:  # a send to oneself needs its recv in the same group
+            comm.send(x, r)
+        except ValueError as exc:
+            assert "without a matching recv" in str(exc), exc
+        else:
+            raise AssertionError("a lone send to oneself was accepted")
+        try:
+            with collectives.group():
+                comm.all_reduce(x)
+        except RuntimeError as exc:
+            assert "inside a group" in str(exc), exc
+        else:
+            raise AssertionError("a collective inside a group was accepted")
+        try:
+            collectives.group_end()
+        except RuntimeError as exc:
+            assert "without a matching group_start" in str(exc), exc
+        with collectives.group():  # in place to oneself: nothing moves, nothing breaks
+            comm.send(x, r)
+            comm.recv(x, r)
+        assert np.array_equal(x, np.arange(5, dtype=np.float32) + r)
+        with collectives.group():  # nested groups launch at the outermost end
+            collectives.group_start()
+            out = np.zeros(5, np.float32)
+            comm.send(x, (r + 1) % n)
+            comm.recv(out, (r - 1) % n)
+            collectives.group_end()
+            assert not out.any()  # not launched yet
+        assert np.array_equal(out, np.arange(5, dtype=np.float32) + (r - 1) % n)
+        assert np.array_equal(comm.all_reduce(x), sum(np.arange(5, dtype=np.float32) + q for q in range(n)))
+        sys.stdout.write(f"rank {r} ok usage\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](sys.argv[2:])

@@ -1,0 +1,74 @@
+"""send / recv between real processes (``collectives/p2p.py`` over ``device/sendrecv.py``), bitwise, over SHM and
+across emulated nodes over NET/Socket; groups; the failure of a send whose peer never receives."""
+import json
+
+import pytest
+
+from conftest import run_ranks
+
+# 0 bytes, one element, odd counts, the LL/Simple switch at 16 KiB per channel, several Simple chunks and parts
+COUNTS = [0, 1, 7, 4095, 4096, 4097, 70001, 300007]
+
+
+def pairs(n: int, nodes: int = 1, counts=COUNTS, dtypes=("float32", "int32"), env=None):
+    proc = run_ranks(n, "pairs", json.dumps(counts), json.dumps(list(dtypes)), nodes=nodes, env=env,
+                     script="p2p_workers.py")
+    oks = [line for line in proc.stdout.splitlines() if " ok " in line]
+    assert len(oks) == n, proc.stdout
+    assert all(line.endswith(f"ok {n * len(counts) * len(dtypes)} receives") for line in oks), proc.stdout
+    return proc
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_every_pair_over_shm(n):
+    proc = pairs(n, env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"})
+    assert "via SHM/direct" in proc.stdout + proc.stderr
+
+
+def test_every_pair_across_two_nodes_over_net():
+    proc = pairs(4, nodes=2, counts=[0, 1, 7, 4097, 70001, 300007], dtypes=("float32", "float16"),
+                 env={"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"})
+    out = proc.stdout + proc.stderr
+    assert "/1 : 0[0] -> 2[0] [send] via NET/Socket/0" in out, out[-3000:]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_ring_exchange_in_one_group(n):
+    proc = run_ranks(n, "ring", "100003", "float32", script="p2p_workers.py")
+    assert proc.stdout.count("ok ring") == n
+
+
+@pytest.mark.parametrize("when", ["first", "connected", "busy"])
+def test_unmatched_send_names_both_ranks(when):
+    proc = run_ranks(2, "unmatched", when, env={"NCCLLAB_TIMEOUT": "3" if when == "busy" else "10"},
+                     script="p2p_workers.py", check=False, timeout=120)
+    assert proc.returncode != 0
+    lines = (proc.stdout + proc.stderr).splitlines()
+    for rank in (0, 1):
+        named = [line for line in lines if f"rank {rank}:" in line and "rank 0" in line and "rank 1" in line]
+        assert named, (rank, proc.stdout[-3000:], proc.stderr[-5000:])
+    if when == "busy":
+        assert any("rank 0: no message from rank 1 within 3 s (NCCLLAB_TIMEOUT)" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_invalid_usage_and_nested_groups(n):
+    proc = run_ranks(n, "usage", script="p2p_workers.py")
+    assert proc.stdout.count("ok usage") == n
+
+
+@pytest.mark.parametrize("n,nodes", [(1, 1), (2, 1), (3, 1), (4, 1), (4, 2)])
+def test_all_to_all(n, nodes):
+    proc = run_ranks(n, "alltoall", json.dumps([0, 1, 7, 4097, 50001]), json.dumps(["float32", "int8"]), nodes=nodes,
+                     script="p2p_workers.py")
+    assert proc.stdout.count("ok alltoall") == n
+
+
+@pytest.mark.parametrize("n,nodes,env", [
+    (3, 1, {"NCCL_MIN_P2P_NCHANNELS": "8"}),                                   # p2p channels beyond the rings'
+    (3, 1, {"NCCL_P2P_LL_THRESHOLD": "0", "NCCL_CHUNK_SIZE": "12345"}),        # Simple only, an odd chunk size
+    (4, 2, {"NCCL_MIN_P2P_NCHANNELS": "8", "NCCL_NCHANNELS_PER_NET_PEER": "4"}),
+    (4, 2, {"NCCL_ALLOC_P2P_NET_LL_BUFFERS": "1", "NCCL_P2P_NET_CHUNKSIZE": "65536"}),  # LL over NET
+])
+def test_channel_and_chunk_variables(n, nodes, env):
+    pairs(n, nodes=nodes, counts=[0, 3, 5000, 20001, 1 << 20], dtypes=("float32",), env=env)
