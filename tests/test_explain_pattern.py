@@ -4,6 +4,8 @@ rings), plus ``--topo XML`` running the multi-node search for the log's shape.  
 small synthetic logs for what they do not show."""
 import functools
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -166,3 +168,20 @@ def test_topo_without_sm_asks_for_it(tmp_path):
     path.write_text(synthetic(2, 2, [[[0, 1], [2, 3]]], "TREE"))
     rep = report(tmp_path, path, topo=str(NDV5))
     assert "--sm" in next(x for x in rep.splitlines() if x.startswith("search (--topo"))
+
+
+def test_sm_given_below_90_rules_out_the_fallback(tmp_path):
+    rep = report(tmp_path, H100, sm=80)
+    assert "sm90 fallback: none below sm90, so of the patterns that fit, BALANCED_TREE" in rep
+
+
+def test_command_line_topo_and_sm(tmp_path):
+    path = tmp_path / "ours.log"
+    path.write_text(_cluster_log())
+    proc = subprocess.run([sys.executable, "-m", "tracing", "explain", str(path), "-o", str(tmp_path / "o"),
+                           "--topo", str(NDV5), "--sm", "90"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "reproduces 8 of 8 Channel lines" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "tracing", "csv", str(tmp_path), "--sm", "90"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 2 and "explain's options" in proc.stderr

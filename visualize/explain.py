@@ -121,13 +121,10 @@ def _sm90(facts, pattern: str | None, node_of: list[int], sm: int | None) -> str
     log = facts.log
     nnodes = max(node_of) + 1 if node_of else 0
     hints = facts.sm90_hints
-    if sm is not None:
-        cc = f"sm{sm} (given with --sm)"
-    elif hints:
-        cc = (f"no compute capability in the log, but its {' and '.join(hints)} mean sm90 or later (NCCL's search "
-              f"builds NVLS channels only there, src/graph/search.cc)")
-    else:
-        cc = "no compute capability in the log (NCCL's INFO lines do not print it)"
+    cc = "; ".join(([f"sm{sm} (given with --sm)"] if sm is not None else []) + (
+        [f"the log's {' and '.join(hints)} mean sm90 or later (NCCL's search builds NVLS channels only there, "
+         f"src/graph/search.cc)"] if hints else [])) or "no compute capability in the log (NCCL's INFO lines do " \
+        "not print it)"
     if log.local_ranks and set(log.local_ranks.values()) == {1}:
         return f"sm90 fallback: does not apply: one GPU per node searches TREE anyway; {cc}"
     if nnodes <= 1:
@@ -137,6 +134,9 @@ def _sm90(facts, pattern: str | None, node_of: list[int], sm: int | None) -> str
                 f"sm90 or later when the balanced search falls short (or NCCL_GRAPH_FILE gave it); {cc}")
     if pattern is not None:
         return f"sm90 fallback: does not show: the tree graph is {pattern}; {cc}"
+    if sm is not None and sm < 90:
+        return (f"sm90 fallback: none below sm90, so of the patterns that fit, BALANCED_TREE (ncclTopoCompute "
+                f"tries TREE only from sm90); {cc}")
     return (f"sm90 fallback: the Trees lines cannot show it (BALANCED_TREE and TREE give these same trees); {cc}; "
             f"there ncclTopoCompute falls back from BALANCED_TREE to TREE when the balanced search falls short: "
             f"--topo XML runs that search")
@@ -215,12 +215,13 @@ def search_lines(facts: facts_of.LogFacts, node_of: list[int], topo: str, sm: in
     if not nnodes or len(sizes) != 1 or node_of != [r // sizes[0] for r in range(n)]:
         return [f"{head}): not run: the log's nodes are not {nnodes} alike nodes of consecutive ranks"]
     per = sizes[0]
-    head += f", {nnodes} nodes x {per} GPUs" + (f", sm {sm}" if sm is not None else "")
+    head += (f", {nnodes} node{'s' if nnodes > 1 else ''} x {per} GPU{'s' if per > 1 else ''}"
+             + (f", sm {sm}" if sm is not None else ""))
     try:
         r = run_cluster(topo, nnodes, per, StandIns(sm=sm))
     except (TopoError, NotImplementedError, ValueError, OSError) as exc:
-        return [f"{head}): not run: {exc}" + ("" if sm is not None else " (--sm SM gives the GPUs' compute "
-                                                                            "capability)")]
+        return [f"{head}): not run: {exc}" + ("" if sm is not None or "--sm" in str(exc) else
+                                               " (--sm SM gives the GPUs' compute capability)")]
     ch = r.channels[0]
     rings = [order[order.index(0):] + order[:order.index(0)] for order in ch.rings]
     ring_diffs = [f"Channel {c:02d}: log {' '.join(map(str, log.rings[c]))}, search "
@@ -242,6 +243,8 @@ def search_lines(facts: facts_of.LogFacts, node_of: list[int], topo: str, sm: in
            f"{tree_total - len(tree_diffs)} of {tree_total} Trees entries"
            + (f" (the log has {log.ring_total or len(log.trees)} channels)" if ch.n != (log.ring_total or
                                                                               len(log.trees)) else "")]
+    if tree_g.pattern == 3 and per > 1:
+        out.append(f"  its TREE is {FALLBACK} (the search asks for BALANCED_TREE first)")
     diffs = ring_diffs[:MAX_DIFFS] + tree_diffs[:MAX_DIFFS]
     if diffs:
         out.append("  first differences: " + "; ".join(diffs))
