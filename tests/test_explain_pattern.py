@@ -185,3 +185,12 @@ def test_command_line_topo_and_sm(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tracing", "csv", str(tmp_path), "--sm", "90"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 2 and "explain's options" in proc.stderr
+
+
+def test_topo_search_is_bounded_by_the_node_count(tmp_path, monkeypatch):
+    import visualize.explain as ex
+    monkeypatch.setattr(ex, "MAX_SEARCH_NODES", 1)
+    path = tmp_path / "two.log"
+    path.write_text(synthetic(2, 2, [[[0, 1], [2, 3]]], "TREE"))
+    rep = report(tmp_path, path, topo=str(NDV5), sm=90)
+    assert "not run: 2 nodes, more than 1 searches" in rep

@@ -57,6 +57,7 @@ def _replay(facts: facts_of.LogFacts) -> tuple[dict | None, str]:
 
 
 MAX_DIFFS = 3      # differences listed per kind when the search's lines differ from the log's
+MAX_SEARCH_NODES = 64    # run_cluster searches once per node (about a second to tens of seconds each for 8 GPUs)
 FALLBACK = "NCCL's sm90 fallback from BALANCED_TREE, src/graph/search.cc ncclTopoCompute"
 
 
@@ -215,6 +216,8 @@ def search_lines(facts: facts_of.LogFacts, node_of: list[int], topo: str, sm: in
     if not nnodes or len(sizes) != 1 or node_of != [r // sizes[0] for r in range(n)]:
         return [f"{head}): not run: the log's nodes are not {nnodes} alike nodes of consecutive ranks"]
     per = sizes[0]
+    if nnodes > MAX_SEARCH_NODES:
+        return [f"{head}): not run: {nnodes} nodes, more than {MAX_SEARCH_NODES} searches (one per node) to run"]
     head += (f", {nnodes} node{'s' if nnodes > 1 else ''} x {per} GPU{'s' if per > 1 else ''}"
              + (f", sm {sm}" if sm is not None else ""))
     try:
