@@ -9,8 +9,9 @@ pattern (GRAPH ``Pattern`` lines, else which of BALANCED_TREE / SPLIT_TREE / TRE
 NCCL's ``ncclTopoPreset`` / ``connectTrees``), whether ``ncclTopoCompute``'s sm90 fallback to TREE shows, the
 crossNic (and ``ncclTopoPostset``'s crossNic-2 ring exchange), and the search's channel count; with ``--topo XML``
 (``search_lines``) the multi-node search of ``collectives.graph.init_cluster`` runs for the log's nodes and GPUs
-per node, and the report says which of the log's Channel and Trees lines it reproduces.  This module lives here, above ``tracing`` and ``collectives``, because it needs both; the
-``tracing`` command line only forwards to it (see ``tracing/__main__.py``).
+per node, and the report says which of the log's Channel and Trees lines it reproduces.  This module lives here,
+above ``tracing`` and ``collectives``, because it needs both; the ``tracing`` command line only forwards to it (see
+``tracing/__main__.py``).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from collectives.graph.topo_xml import StandIns, TopoError
 from collectives.graph.trees import PATTERNS
 from tracing import log_facts as facts_of
 from tracing.debug import ranges
-from tracing.nccl_log import TREE_PATTERNS, LogError
+from tracing.nccl_log import TREE_PATTERNS, LogError, NcclLog
 
 from . import diagrams
 
@@ -61,7 +62,7 @@ MAX_SEARCH_NODES = 64    # run_cluster searches once per node (about a second to
 FALLBACK = "NCCL's sm90 fallback from BALANCED_TREE, src/graph/search.cc ncclTopoCompute"
 
 
-def _graph_heads(log) -> tuple[list, list]:
+def _graph_heads(log: NcclLog) -> tuple[list, list]:
     """Per host the first ring (Pattern 4) and tree (Pattern 1-3) GRAPH line: ([(host, crossNic, nChannels)],
     [(host, pattern, crossNic, nChannels)]) (``ncclTopoPrintGraph``'s head line)."""
     rings, trees = [], []
@@ -79,7 +80,7 @@ def _one(values: list) -> str:
     return str(values[0]) if len(set(values)) == 1 else "/".join(map(str, values)) + " (per host)"
 
 
-def _tree_pattern(facts, rep, node_of: list[int]) -> tuple[str | None, str]:
+def _tree_pattern(facts: facts_of.LogFacts, rep: dict | None, node_of: list[int]) -> tuple[str | None, str]:
     """(the pattern the log implies, or None when it cannot tell; the report line)."""
     log = facts.log
     nnodes = max(node_of) + 1 if node_of else 0
@@ -118,7 +119,7 @@ def _tree_pattern(facts, rep, node_of: list[int]) -> tuple[str | None, str]:
                   f"all {rep['entries']} entries{two}{'; ' + counts if counts else ''}; no GRAPH 'Pattern' line")
 
 
-def _sm90(facts, pattern: str | None, node_of: list[int], sm: int | None) -> str:
+def _sm90(facts: facts_of.LogFacts, pattern: str | None, node_of: list[int], sm: int | None) -> str:
     log = facts.log
     nnodes = max(node_of) + 1 if node_of else 0
     hints = facts.sm90_hints
@@ -143,7 +144,7 @@ def _sm90(facts, pattern: str | None, node_of: list[int], sm: int | None) -> str
             f"--topo XML runs that search")
 
 
-def _cross_nic(facts, node_of: list[int]) -> str:
+def _cross_nic(facts: facts_of.LogFacts, node_of: list[int]) -> str:
     log = facts.log
     if not node_of or max(node_of) == 0:
         return "crossNic: one node: no network in the graphs, and no odd node to exchange rings"
@@ -163,7 +164,7 @@ def _cross_nic(facts, node_of: list[int]) -> str:
     return "crossNic: " + "; ".join(parts)
 
 
-def _channels(facts, rep) -> str:
+def _channels(facts: facts_of.LogFacts, rep: dict | None) -> str:
     log = facts.log
     total = log.ring_total or len(log.rings) or len(log.trees)
     rings, trees = _graph_heads(log)
