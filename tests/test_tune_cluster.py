@@ -194,13 +194,12 @@ def test_fields_filled_as_init_transports_rank():
 
 
 def rows(text: str) -> dict:
-    """{size: (cells, reason)} from the per-size lines."""
+    """{size: (cells, reason)} from the per-size lines: the size in 12 columns, then six 20-column cells."""
     out, last = {}, None
     for ln in text.splitlines():
-        m = re.match(r"  +(\d+) (.*)", ln)
-        if m and not ln.strip().startswith("->"):
-            last = int(m.group(1))
-            out[last] = [c for c in re.findall(r"(-|\s*[\d.]+ +[\d.]+\*?)(?= {2,}|$)", m.group(2))]
+        if re.match(r"  +\d+ ", ln):
+            last = int(ln[2:14])
+            out[last] = [ln[15 + 21 * i:15 + 21 * i + 20] for i in range(6)]
         elif last is not None and ln.strip().startswith("->"):
             out[last] = (out[last], ln.strip()[3:])
     return out
@@ -214,7 +213,10 @@ def test_times_apply_the_ring_plateau_and_tree_corrections(case):
     want = expected(case)
     r = search(case)
     nch, n = r.channels[0].n, r.nranks
-    for size, (cells, reason) in rows(text).items():
+    sizes = rows(text)
+    assert list(sizes) == [8 * 8 ** i for i in range(10)]
+    for size, (cells, reason) in sizes.items():
+        assert sum(c.strip().endswith("*") for c in cells) == 1, cells
         times = {}
         for (algo, proto), cell in zip([(a, p) for a in ("Tree", "Ring") for p in ("LL", "LL128", "Simple")], cells):
             if cell.strip() != "-":
@@ -246,3 +248,19 @@ def test_one_gpu_per_node_opens_pat_and_the_tree_net_latency():
 def test_topo_with_a_preset_still_refused(capsys):
     assert tune.main(["--topo", str(NDV4), "--preset", "dgx-a100", "--nodes", "2"]) == 2
     assert "--preset" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case,type_inter,on", [("ndv4", "PXB", True), ("ndv4", "PXN", False),
+                                                ("ndv5", "PXN", True), ("ndv5", "PHB", False)])
+def test_ll128_across_nodes_follows_the_nic_path(case, type_inter, on):
+    """LL128's automatic rule reads typeInter: up to PXB below sm90, up to PXN from sm90 (NCCL_LL128_C2C=1)."""
+    from dataclasses import replace
+
+    from collectives.graph.cost_model import CostModel
+    from collectives.graph.topo_feed import cluster_machine
+    m = cluster_machine(search(case), case)
+    m = replace(m, ring=replace(m.ring, type_inter=type_inter), tree=replace(m.tree, type_inter=type_inter))
+    model = CostModel(m)
+    for algo in (0, 1):
+        assert (model.bw["AllReduce"][algo][1] > 0) == on, (algo, type_inter)
+        assert model.bw["AllReduce"][algo][2] > 0 and model.lat["AllReduce"][algo][1] > 0
