@@ -1,5 +1,6 @@
 """``python -m tracing perfetto|csv|json|merge|hang DIR [-o OUT]``: convert a run's trace or diagnose a hang;
-``python -m tracing explain LOG [-o DIR]``: explain a real NCCL INFO log.
+``python -m tracing explain LOG [-o DIR] [--topo XML [--sm SM]]``: explain a real NCCL INFO log (with ``--topo``,
+also run NCCL's multi-node topology search for the log's nodes and compare it with the log).
 
 Layering: the ``tracing`` package imports nothing of ours, so that traces and logs can be read anywhere.  This
 file is a command line, the top of the stack like every entry point, and ``explain`` needs what sits above
@@ -33,6 +34,10 @@ def main(argv=None) -> int:
     p.add_argument("dir", metavar="DIR|LOG", help="the NCCLLAB_TRACE (or hang report) directory; for explain, "
                                                   "the NCCL log")
     p.add_argument("-o", "--out", help="output file (explain: folder); default as listed below")
+    p.add_argument("--topo", metavar="XML", help="explain: a node's topology XML; run the multi-node search for the "
+                                                 "log's nodes and GPUs per node and compare its rings and trees")
+    p.add_argument("--sm", type=int, help="explain --topo: the GPUs' compute capability where the XML does not give "
+                                          "it (NCCL's INFO lines do not print it), e.g. 90")
     a = p.parse_args(argv)
     try:
         return _run(a)
@@ -45,8 +50,10 @@ def main(argv=None) -> int:
 def _run(a) -> int:
     if a.what == "explain":
         from visualize.explain import explain  # the one command that reaches above tracing (docstring)
-        print("\n".join(explain(a.dir, a.out)))
+        print("\n".join(explain(a.dir, a.out, a.topo, a.sm)))
         return 0
+    if a.topo or a.sm is not None:
+        raise ValueError("--topo and --sm are explain's options")
     if a.what == "hang":
         verdict = hang.diagnose(a.dir)
         print(verdict["reason"])

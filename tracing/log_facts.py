@@ -35,6 +35,7 @@ class LogFacts:
     info_lines: int = 0                                   # lines with NCCL's "NCCL INFO" marker
     choice_count: int = 0                                 # TUNING choice lines (choices keeps the first MAX_CHOICES)
     bad_count: int = 0                                    # entries left out (bad_lines lists the first ones)
+    sm90_hints: list = field(default_factory=list)        # lines that only sm90 or later prints (NVLS), as named
 
 
 def is_nccl_log(facts: LogFacts) -> bool:
@@ -53,6 +54,11 @@ class _Facts:
         self.choice_count = 0
         self.tuning_table = False
         self.info_lines = 0
+        self.sm90_hints: list[str] = []
+
+    def hint(self, what: str) -> None:
+        if what not in self.sm90_hints:
+            self.sm90_hints.append(what)
 
     def __call__(self, host, pid, msg: str) -> None:
         self.info_lines += 1
@@ -64,6 +70,12 @@ class _Facts:
             m = _COLL_CH.match(msg)
             if m and (host, pid) in self.rank_of_pid:
                 self.coll_channels[self.rank_of_pid[(host, pid)]] = int(m.group(1))
+            if m and int(m.group(3)) > 0:
+                self.hint("'N nvls channels' above 0")
+        elif msg.startswith("NVLS Head"):
+            self.hint("'NVLS Head' lines")
+        elif msg.startswith("NVLS multicast support is available"):
+            self.hint("'NVLS multicast support is available'")
         elif " Bytes -> Algo " in msg:
             m = _CHOICE.match(msg)
             if m:
@@ -78,7 +90,8 @@ def _facts(log: NcclLog, seen: _Facts) -> LogFacts:
     return LogFacts(log, bad_lines=list(log.bad_lines), versions=list(log.versions), coll_channels=seen.coll_channels,
                     choices=seen.choices, tuning_table=seen.tuning_table,
                     ranks_seen=set(log.local_ranks) | {r for t in log.trees.values() for r in t},
-                    info_lines=seen.info_lines, choice_count=seen.choice_count, bad_count=log.bad_count)
+                    info_lines=seen.info_lines, choice_count=seen.choice_count, bad_count=log.bad_count,
+                    sm90_hints=seen.sm90_hints)
 
 
 def read(text: str) -> LogFacts:
@@ -141,6 +154,78 @@ def nranks(facts: LogFacts) -> int:
         r for (_, a, b) in log.transports for r in (a, b)} | {
         p for t in log.trees.values() for up, downs in t.values() for p in (up, *downs)}
     return log.nranks or max(named, default=-1) + 1
+
+
+def complete_rings(log: NcclLog) -> list[list[int]] | None:
+    """Rank 0's rings of every channel 0..MM-1 of its ``Channel NN/MM`` lines, when all are in the log uncut."""
+    total = log.ring_total or len(log.rings)
+    if not total or log.truncated_rings or sorted(log.rings) != list(range(total)):
+        return None
+    return [log.rings[c] for c in range(total)]
+
+
+def ring_period(log: NcclLog) -> int | None:
+    """The fewest channels p whose rings repeat over all of rank 0's (ring c == ring c mod p): ``ncclTopoPostset``
+    (``src/graph/connect.cc``) gives channel c + n the ring of search channel c, and ``copyChannels`` copies
+    whole channels, so p is the search's count, or less when the search's own rings repeat.  None: rings
+    missing or cut."""
+    rings = complete_rings(log)
+    if rings is None:
+        return None
+    return next(p for p in range(1, len(rings) + 1) if all(rings[c] == rings[c % p] for c in range(len(rings))))
+
+
+def node_segments(ring: list[int], node_of: list[int]) -> list[tuple] | None:
+    """Each node's part of one ring, as local indexes (the rank's place among its node's ranks), from the rank the
+    ring enters the node at; None when the ring enters some node twice (then it is no search chain)."""
+    nnodes = max(node_of) + 1
+    local = {}
+    counts = [0] * nnodes
+    for r in range(len(node_of)):
+        local[r] = counts[node_of[r]]
+        counts[node_of[r]] += 1
+    segs: list = [None] * nnodes
+    n = len(ring)
+    for i, r in enumerate(ring):
+        if node_of[ring[i - 1]] != node_of[r] or nnodes == 1 and i == 0:
+            k = node_of[r]
+            if segs[k] is not None:
+                return None
+            seg = [r]
+            while len(seg) < n and node_of[ring[(i + len(seg)) % n]] == k:
+                seg.append(ring[(i + len(seg)) % n])
+            segs[k] = tuple(local[x] for x in seg)
+    return None if None in segs else segs
+
+
+def cross_nic_swap(log: NcclLog, node_of: list[int]) -> tuple[str, str]:
+    """Whether rank 0's rings show ``ncclTopoPostset``'s crossNic-2 exchange (``src/graph/connect.cc``): on odd
+    nodes the ring data of channels c and c^1 are swapped, so (nodes being alike) an odd node's part of ring c is
+    node 0's part of ring c^1.  Returns (``swap`` | ``no swap`` | ``cannot tell``, why)."""
+    rings = complete_rings(log)
+    if not node_of or max(node_of) == 0:
+        return "cannot tell", "one node: the exchange concerns odd nodes only"
+    if rings is None:
+        return "cannot tell", "rank 0's Channel NN/MM lines are missing or cut"
+    if len(rings) % 2:
+        return "cannot tell", f"{len(rings)} channels, an odd count (NCCL exchanges pairs only of an even count)"
+    if any(len(ring) != len(node_of) for ring in rings):
+        return "cannot tell", "the rings do not cover the communicator's ranks"
+    segs = [node_segments(ring, node_of) for ring in rings]
+    if None in segs:
+        return "cannot tell", "a ring enters some node more than once"
+    nnodes = max(node_of) + 1
+    if all(segs[c][0] == segs[c ^ 1][0] for c in range(len(rings))):
+        return "cannot tell", "node 0's paired channels (c, c^1) have the same order, so an exchange changes nothing"
+    if any(segs[c][k] != segs[c][0] for c in range(len(rings)) for k in range(2, nnodes, 2)):
+        return "cannot tell", "the even nodes' ring orders differ from node 0's"
+    odd = range(1, nnodes, 2)
+    if all(segs[c][k] == segs[c ^ 1][0] for c in range(len(rings)) for k in odd):
+        return "swap", (f"node{'s' if nnodes > 2 else ''} {ranges(list(odd))}'s ring order on channel c is node 0's "
+                        f"on channel c^1, on all {len(rings)} channels")
+    if all(segs[c][k] == segs[c][0] for c in range(len(rings)) for k in odd):
+        return "no swap", f"every node's ring order on channel c is node 0's on channel c ({len(rings)} channels)"
+    return "cannot tell", "the odd nodes' ring orders match node 0's neither on c nor on c^1"
 
 
 def report(facts: LogFacts, name: str, node_of: list[int]) -> list[str]:

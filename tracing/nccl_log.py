@@ -75,6 +75,7 @@ class NcclLog:
     # (pattern, nChannels, bwIntra, bwInter, typeIntra, typeInter, channel lines), the first MAX_PATTERNS
     patterns: list = field(default_factory=list)
     tree_graphs: dict = field(default_factory=dict)      # host -> (tree pattern 1|2|3, [[GPU ranks] per graph channel])
+    graph_heads: dict = field(default_factory=dict)      # host -> [(pattern, crossNic, nChannels)] of its Pattern lines
     comm: str = ""                                       # which communicator (commId, or "#k" by creation order)
     communicators: list = field(default_factory=list)    # every one in the log: {id, nranks, nnodes, ranks}
     versions: list = field(default_factory=list)         # "NCCL version" strings, in order
@@ -330,6 +331,9 @@ class _Reader:
                                 m.group(6), m.group(7), [])
                 if len(log.patterns) < MAX_PATTERNS:
                     log.patterns.append(self.pattern)
+                    if host:
+                        log.graph_heads.setdefault(host, []).append((self.pattern[0], int(m.group(2)),
+                                                                     self.pattern[1]))
                 if self.pattern[0] in TREE_PATTERNS and host and host not in log.tree_graphs:
                     log.tree_graphs[host] = (self.pattern[0], self.pattern[6])  # the tree search of this host
             return

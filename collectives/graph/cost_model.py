@@ -6,8 +6,9 @@ channels x per-channel bandwidth with every correction, then bus -> algorithm ba
 ``time = lat * latCount + nBytes / (1000 * bw)`` µs.  The choice is the strictly smallest non-negative time in
 (algorithm, protocol) order, so ties go to the lower algorithm id, then the lower protocol id.
 NCCL stores latencies and bandwidths as ``float``; we round to float32 at the same points, so printed tables and
-ties match.  Algorithms modelled: Tree and Ring (CollNet, NVLS and PAT count as unavailable, as on a machine
-without SHARP/NVSwitch multicast or with them disabled).
+ties match.  The choice is among Tree and Ring.  The table carries every algorithm as NCCL fills it with collnet
+off and no NVLS search: CollNet's latencies with no bandwidth, NVLS 0/0, PAT where ``ncclPatEnable`` allows it (one
+GPU per node; deliberate difference: the choice leaves PAT out, the lab runs no PAT kernel).
 """
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from collectives.misc.param import env_int
+
 from .tuning import ALGOS, FUNCS, PROTOS, TuningError, parse_list
 
 f32 = np.float32
-TREE, RING = 0, 1
+TREE, RING, COLLNET_DIRECT, COLLNET_CHAIN, PAT = 0, 1, 2, 3, 6
 LL, LL128, SIMPLE = 0, 1, 2
 NVLINK, PCI, NET = 0, 1, 2
 # Path types (src/include/graph.h)
@@ -86,6 +89,9 @@ class Machine:
         return self.n_nodes * self.gpus_per_node
 
 
+NO_GRAPH = GraphFigures(0, 0.0, 0.0, "LOC", "LOC", 0.0, False)   # a graph initTransportsRank zeroes, never searched
+
+
 def log2i(n: int) -> int:
     """NCCL's ``log2i``: floor(log2(n)), -1 for 0."""
     return n.bit_length() - 1 if n > 0 else -1
@@ -104,6 +110,17 @@ def net_overhead(m: Machine, env: float | None = None) -> float:
     if m.cpu_arch == "x86" and m.cpu_vendor == "amd":
         return 2.0
     return 1.0
+
+
+def pat_enable(m: Machine) -> bool:
+    """``ncclPatEnable``: NCCL_PAT_ENABLE (default 2, automatic); never below sm60; automatic means one GPU per
+    node (nNodes == nRanks) and a host network (the lab's only kind)."""
+    if m.min_comp_cap < 60:
+        return False
+    env = env_int("NCCL_PAT_ENABLE", 2)
+    if env != 2:
+        return bool(env)
+    return m.n_nodes == m.n_ranks
 
 
 class CostModel:
@@ -132,16 +149,26 @@ class CostModel:
         if m.cpu_arch == "power":  # de-penalize Tree/Simple on Power
             hw_lat[PCI][TREE][SIMPLE] = hw_lat[PCI][RING][SIMPLE]
         ppn = f32(n / nodes)
-        graphs = {TREE: m.tree, RING: m.ring}
+        ppn_i = n // nodes
+        pat_on = pat_enable(m)
+        # graphs[] as initTransportsRank passes them: CollNet's are never searched here (collnet off: zeroed),
+        # NVLS's neither (no multicast: zero channels, so NCCL skips it), PAT reads the tree graph
+        graphs = {TREE: m.tree, RING: m.ring, COLLNET_DIRECT: NO_GRAPH, COLLNET_CHAIN: NO_GRAPH, PAT: m.tree}
         intra_hw = {a: NVLINK if g.type_intra == "NVL" else PCI for a, g in graphs.items()}
         hw = {a: intra_hw[a] if nodes == 1 else NET for a in graphs}
         for func in FUNCS:
             nsteps = 2 * (n - 1) if func == "AllReduce" else n - 1 if func in ("ReduceScatter", "AllGather") else n
             for a, g in graphs.items():
-                if func in ("Broadcast", "Reduce", "AllGather", "ReduceScatter") and a != RING:
+                if func in ("Broadcast", "Reduce") and a != RING:
+                    continue
+                if func in ("ReduceScatter", "AllGather") and a not in (PAT, RING, COLLNET_DIRECT):
+                    continue
+                if func == "AllReduce" and a == PAT:
                     continue
                 for p in range(3):
-                    bw = g.bw_intra if nodes <= 2 else g.bw_inter
+                    if a == PAT and (p != SIMPLE or not pat_on):
+                        continue
+                    bw = g.bw_intra if nodes <= 2 or a in (COLLNET_DIRECT, COLLNET_CHAIN) else g.bw_inter
                     bus = f32(g.n_channels * bw)
                     if a == RING and p == LL:
                         bus = f32(min(ll_max, float(bus) * .5))
@@ -156,8 +183,13 @@ class CostModel:
                                       g.n_channels * tree_ll128_max))
                     if a == TREE and m.max_tree_pattern == PATTERN_TREE:
                         bus = f32(float(bus) * .85)  # float *= double: computed in double
-                    ratio = f32(1.0 * n / nsteps) if a == RING else f32(.5)
-                    bus = f32(bus * ratio)
+                    if a == PAT:
+                        bus = f32(float(bus) * .75)
+                    if a in (COLLNET_DIRECT, COLLNET_CHAIN):
+                        bus = f32(0.0)   # no CollNet graph: no channels, and collnet is off (zeroed below anyway)
+                    if not (a != RING and func in ("AllGather", "ReduceScatter")):
+                        ratio = f32(1.0 * n / nsteps) if a == RING else f32(.5)
+                        bus = f32(bus * ratio)
                     self.bw[func][a][p] = bus
                     lat = f32(c.base_latencies[a][p])
                     intra_lat = f32(hw_lat[intra_hw[a]][a][p])
@@ -184,7 +216,14 @@ class CostModel:
                             inter_steps = 0 if nodes == 1 else (2 * (nodes - 1) if func == "AllReduce" else nodes - 1)
                             lat = f32(lat + f32(f32((nsteps - inter_steps) * intra_lat) + f32(inter_steps * inter_lat)))
                     elif a == TREE and func == "AllReduce":
-                        lat = f32(lat + f32(2 * f32(f32((n // nodes - 1) * intra_lat) + f32(log2i(nodes) * inter_lat))))
+                        lat = f32(lat + f32(2 * f32(f32((ppn_i - 1) * intra_lat) + f32(log2i(nodes) * inter_lat))))
+                    elif a == COLLNET_DIRECT:   # 0.4 us per local rank: the sum is a double, added to the float
+                        lat = f32(float(lat) + (2 * (float(f32(min(1, ppn_i - 1) * intra_lat)) + (ppn_i - 1) * 0.4)
+                                                + float(inter_lat)))
+                    elif a == COLLNET_CHAIN:
+                        lat = f32(lat + f32(f32(2 * (ppn_i - 1) * intra_lat) + inter_lat))
+                    elif a == PAT:
+                        lat = f32(float(lat) + (log2i(nodes) * (float(inter_lat) / 3.5) + n * 2.8))
                     self.lat[func][a][p] = lat
         self._apply_enables()
 
@@ -200,17 +239,21 @@ class CostModel:
         return bool(ok)
 
     def _apply_enables(self) -> None:
-        graphs = {TREE: self.m.tree, RING: self.m.ring}
+        """The enable pass: NCCL_PROTO / NCCL_ALGO, LL128's automatic rule, and the algorithms NCCL turns off here
+        (CollNet: collnet off; NVLS: never searched).  Only bandwidths are zeroed; latencies stay as computed."""
+        graphs = {TREE: self.m.tree, RING: self.m.ring, PAT: self.m.tree}
         for func in FUNCS:
             for a, algo in enumerate(ALGOS):
-                usable = algo in self.m.algorithms and a in graphs and self.algo_enable[func][algo]
+                if a in (TREE, RING):
+                    usable = algo in self.m.algorithms and self.algo_enable[func][algo]
+                else:
+                    usable = a == PAT and bool(self.algo_enable[func][algo])
                 for p, proto in enumerate(PROTOS):
                     on = self.proto_enable[func][proto]
                     if on is not True and on == 2 and p == LL128:
-                        on = self._ll128_auto(graphs.get(a, self.m.ring))
+                        on = self._ll128_auto(graphs.get(a, NO_GRAPH))
                     if not (on and usable):
-                        if a < 2:
-                            self.bw[func][a][p] = f32(0.0)
+                        self.bw[func][a][p] = f32(0.0)
 
     def algo_usable(self, func: str, algo: str) -> bool:
         """The machine runs ``algo`` and ``NCCL_ALGO`` allows it for ``func``."""
@@ -255,7 +298,8 @@ class CostModel:
         """The NCCL_DEBUG_SUBSYS=TUNING table of rank 0, as ``ncclTopoTuneModel`` prints it: the seven algorithms
         in blocks of three, each block an ``Algorithm`` row, a ``Protocol`` row (always nine columns), a
         ``Max NThreads`` row (``comm->maxThreads``) and one ``lat/bw`` row per function (``%8.1f/%6.1f``).
-        Algorithms this model does not build (CollNet, NVLS, PAT) print 0.0/0.0."""
+        CollNet prints its latencies with no bandwidth (collnet off), NVLS 0.0/0.0 (not searched), PAT what
+        ``ncclPatEnable`` allows."""
         threads = max_threads or {}
         lines = []
         for block in range(0, len(ALGOS), 3):
@@ -268,7 +312,7 @@ class CostModel:
                 row = f"{func:>13} |"
                 for a in algos:
                     for p in range(3):
-                        lat, bw = (self.lat[func][a][p], self.bw[func][a][p]) if a < 2 else (0.0, 0.0)
+                        lat, bw = self.lat[func][a][p], self.bw[func][a][p]
                         row += f"{float(lat):8.1f}/{float(bw):6.1f} |"
                 lines.append(row)
         return lines

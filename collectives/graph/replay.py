@@ -11,7 +11,8 @@ present); every inter-node link is then rebuilt: ``get_dtree`` over nodes, attac
 D channels, c < D/2 takes tree 0 and the rest tree 1, and channels past D are copies (CollNet's n + n/2, the Hopper
 x2, NCCL_MIN_NCHANNELS) keeping their source's tree.  The pattern and layout that reproduce most entries are
 reported, with ``matched N of M`` rank x channel entries, the inter-node links
-compared and matched, and each mismatch.
+compared and matched, and each mismatch; ``fits`` lists, per pattern, every channel layout that matches all
+entries (several patterns fitting: the log cannot tell them apart).
 Partial logs (one node's output) replay the entries present and name the missing ranks; a missing node's chains are
 those of a complete node moved onto its ranks.  A log of several communicators replays the largest, or ``--comm``.
 The log is streamed (``nccl_log.parse_file``, strict): a file that is not an NCCL log by NCCL's line grammar, or
@@ -155,6 +156,11 @@ def compare(log: NcclLog, derived: dict, node_of: list[int]) -> dict:
             "mismatches": mismatches}
 
 
+def entry(rank: int, up: int, downs: list) -> str:
+    """One ``Trees`` entry as NCCL prints it: ``d0/d1/d2->rank->up``."""
+    return _fmt(rank, up, downs)
+
+
 def _fmt(rank: int, up: int, downs: list) -> str:
     d = list(downs) + [-1] * (3 - len(downs))
     return f"{d[0]}/{d[1]}/{d[2]}->{rank}->{up}"
@@ -195,7 +201,14 @@ def replay_log(log: NcclLog) -> dict:
         per_pattern = {p: max(results[k][0]["matched"] for k in results if k[0] == p) for p in PATTERNS}
         pattern = best[0]
     present = {r for tree in log.trees.values() for r in tree}
+    # per pattern (or "GRAPH"), the channel counts after doubling whose trees equal every entry of the log
+    fits: dict = {}
+    for (p, doubled), (rep, _) in sorted(results.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        fits.setdefault("GRAPH" if p is None else p, [])
+        if rep["matched"] == rep["entries"]:
+            fits["GRAPH" if p is None else p].append(doubled)
     return {"pattern": pattern, "source": "GRAPH" if graph is not None else "Trees", "doubled": best[1],
+            "fits": fits,
             "nranks": log.nranks, "nnodes": max(node_of) + 1, "channels": len(log.trees), **report,
             "patterns": per_pattern, "derived": {c: {r: v for r, v in t.items() if r in present}
                                                  for c, t in derived.items()},

@@ -4,13 +4,15 @@ and ``ncclTopoTuneModel``).
 
 ``lab_env`` gives the environment a communicator reads: ``NCCLLAB_RINGS`` (one ring per search channel, so the
 communicator's search channel count is the graph's and Postset doubles it), ``NCCLLAB_TREE_CHAINS`` and
-``NCCLLAB_TREE_PATTERN``.  ``machine`` builds the cost model's ``Machine`` from the ring and tree graphs.
+``NCCLLAB_TREE_PATTERN``.  ``machine`` builds the cost model's ``Machine`` from one node's ring and tree graphs,
+``cluster_machine`` from the multi-node search's (``init_cluster``), both through ``tuned_machine``.
 """
 from __future__ import annotations
 
 from .connect import Channels
 from .cost_model import GraphFigures
 from .cost_model import Machine
+from .init_cluster import ClusterResult
 from .init_topo import TopoResult
 from .search import PATTERN_NAMES, Graph
 from .topo import ARCH_ARM, ARCH_POWER, ARCH_X86, CPU, PATH_TYPES, VENDOR_AMD, VENDOR_INTEL, GPU
@@ -27,21 +29,46 @@ def lab_env(ch: Channels) -> dict[str, str]:
             "NCCLLAB_TREE_PATTERN": ch.tree_pattern}
 
 
-def cost_graph(g: Graph) -> GraphFigures:
-    return GraphFigures(g.n_channels, g.bw_intra, g.bw_inter, PATH_TYPES[g.type_intra], PATH_TYPES[g.type_inter],
-                     g.latency_inter, bool(g.same_channels))
+def cost_graph(g: Graph, n_channels: int | None = None) -> GraphFigures:
+    """The tuning figures of a searched graph; ``n_channels`` replaces its count (``comm->nChannels``' min)."""
+    return GraphFigures(g.n_channels if n_channels is None else n_channels, g.bw_intra, g.bw_inter,
+                        PATH_TYPES[g.type_intra], PATH_TYPES[g.type_inter], g.latency_inter, bool(g.same_channels))
+
+
+def _cpu(system) -> tuple[str, str]:
+    cpu = system.nodes[CPU][0]
+    return ({ARCH_X86: "x86", ARCH_POWER: "power", ARCH_ARM: "arm"}.get(cpu.arch, "x86"),
+            {VENDOR_INTEL: "intel", VENDOR_AMD: "amd"}.get(cpu.vendor, "other"))
+
+
+def tuned_machine(name: str, systems: list, ring: Graph, tree: Graph, n_nodes: int, gpus_per_node: int,
+                  tree_pattern: int, comm_channels: int, sources: dict | None = None) -> Machine:
+    """``ncclTopoTuneModel``'s inputs as ``initTransportsRank`` leaves them: nNodes and nRanks, the CPU arch and
+    vendor (``mixed`` where the nodes differ, as AllGather3 marks them), min/maxCompCap over every GPU, the ring and
+    tree graphs with both channel counts set to their min, maxTreePattern and ``comm->nChannels`` after Postset."""
+    archs, vendors = {_cpu(s)[0] for s in systems}, {_cpu(s)[1] for s in systems}
+    arch = archs.pop() if len(archs) == 1 else "mixed"
+    vendor = vendors.pop() if len(vendors) == 1 else "mixed"
+    sms = [g.sm for s in systems for g in s.nodes[GPU]]
+    n = min(ring.n_channels, tree.n_channels)
+    pattern = tree_pattern if tree_pattern in PATTERN_NAMES else 1
+    return Machine(name, n_nodes, gpus_per_node, min(sms), ring=cost_graph(ring, n), tree=cost_graph(tree, n),
+                   max_comp_cap=max(sms), cpu_arch=arch, cpu_vendor=vendor, max_tree_pattern=pattern,
+                   comm_channels=comm_channels, sources=sources or {})
 
 
 def machine(r: TopoResult, name: str, sources: dict | None = None) -> Machine:
     """The cost model's machine for one node of this topology (``ncclTopoTuneModel``'s inputs)."""
-    gpus = r.system.nodes[GPU]
-    cpu = r.system.nodes[CPU][0]
-    arch = {ARCH_X86: "x86", ARCH_POWER: "power", ARCH_ARM: "arm"}.get(cpu.arch, "x86")
-    vendor = {VENDOR_INTEL: "intel", VENDOR_AMD: "amd"}.get(cpu.vendor, "other")
-    tree_pattern = r.tree.pattern if r.tree.pattern in PATTERN_NAMES else 1
-    return Machine(name, 1, len(gpus), min(g.sm for g in gpus), ring=cost_graph(r.ring), tree=cost_graph(r.tree),
-                   max_comp_cap=max(g.sm for g in gpus), cpu_arch=arch, cpu_vendor=vendor,
-                   max_tree_pattern=tree_pattern, comm_channels=r.channels.n, sources=sources or {})
+    return tuned_machine(name, [r.system], r.ring, r.tree, 1, len(r.system.nodes[GPU]), r.tree.pattern,
+                         r.channels.n, sources)
+
+
+def cluster_machine(r: ClusterResult, name: str, sources: dict | None = None) -> Machine:
+    """The cost model's machine for K nodes (``init_cluster.run_cluster``): the graphs after AllGather3's
+    alignment, maxTreePattern the highest node's tree pattern, rank 0's channel count after its Postset."""
+    ring, tree = r.aligned
+    return tuned_machine(name, [node.system for node in r.nodes], ring, tree, len(r.nodes), r.local_ranks,
+                         max(t.pattern for t in r.trees), r.channels[0].n, sources)
 
 
 def _explicit_nranks(argv: list[str]) -> bool:

@@ -4,6 +4,7 @@
     python -m collectives.tools.tune --nodes 2 --gpus 8 --cc 90 --intra NVL --ring-channels 12 --ring-bw 30 -b 1G -e 1G
     python -m collectives.tools.tune --preset dgx-a100 --coll allgather --json rows.json --series h100.json
     python -m collectives.tools.tune --topo topologies/azure-ndv5-topo.xml --sm 90 -b 8 -e 1G -f 4
+    python -m collectives.tools.tune --topo topologies/azure-ndv4-topo.xml --sm 80 --nodes 2
 
 For every size it prints the predicted time and bus bandwidth of each (algorithm, protocol), marks the winner
 (``topoGetAlgoInfo``'s strict minimum) and says which term decides: the latency or the bandwidth, and by how
@@ -18,6 +19,7 @@ import sys
 
 from collectives.graph import tuning
 from collectives.graph.cost_model import CostModel, GraphFigures, Machine
+from collectives.graph.tuning import ALGOS
 from collectives.graph.presets import PRESETS, preset
 from collectives.perf.colls import BY_CLI, COLLECTIVES
 from collectives.perf.args import parse_size, sizes
@@ -25,14 +27,25 @@ from collectives.perf.args import parse_size, sizes
 
 def machine_from_args(a) -> Machine:
     if a.topo:
+        from collectives.graph.topo_xml import StandIns, TopoError
+        if a.preset:
+            raise TopoError("--topo describes the machine itself (no --preset)")
+        stand = StandIns(sm=a.sm, nvlinks=a.nvlinks)
+        shape = f"{a.topo}{f' --sm {a.sm}' if a.sm else ''}"
+        if (a.nodes or 1) > 1:
+            from collectives.graph.init_cluster import run_cluster
+            from collectives.graph.topo_feed import cluster_machine
+            c = run_cluster(a.topo, a.nodes, a.gpus, stand)
+            return cluster_machine(c, f"topology {a.topo} x{a.nodes}",
+                                   {"graph": f"NCCL's multi-node search over {a.topo} (python -m "
+                                             f"collectives.tools.topology {shape} --nodes {a.nodes}"
+                                             f"{f' --nranks {a.gpus}' if a.gpus else ''}), graphs aligned as "
+                                             f"AllGather3 aligns them"})
         from collectives.graph.init_topo import run_topology
         from collectives.graph.topo_feed import machine
-        from collectives.graph.topo_xml import StandIns, TopoError
-        if (a.nodes or 1) > 1 or a.preset:
-            raise TopoError("--topo describes one node by itself (no --preset; the multi-node search is not ported)")
-        r = run_topology(a.topo, a.gpus, StandIns(sm=a.sm, nvlinks=a.nvlinks))
-        return machine(r, f"topology {a.topo}", {"graph": f"NCCL's search over {a.topo} (python -m collectives.tools.topology "
-                                                        f"{a.topo}{f' --sm {a.sm}' if a.sm else ''})"})
+        r = run_topology(a.topo, a.gpus, stand)
+        return machine(r, f"topology {a.topo}", {"graph": f"NCCL's search over {a.topo} (python -m "
+                                                        f"collectives.tools.topology {shape})"})
     if a.preset:
         m = preset(a.preset, nodes=a.nodes or 1, nranks=a.gpus or 8)
         if a.gpus and a.preset != "cpu":
@@ -77,11 +90,12 @@ def predict(model: CostModel, func: str, nbytes: int) -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.tools.tune", description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS))
-    p.add_argument("--topo", metavar="XML", help="take the graphs from NCCL's search over this one-node topology")
+    p.add_argument("--topo", metavar="XML", help="take the graphs from NCCL's search over this node's topology "
+                                                  "(with --nodes K: K such nodes, the multi-node search)")
     p.add_argument("--sm", type=int, help="with --topo: compute capability of GPUs the file leaves bare")
     p.add_argument("--nvlinks", type=int, help="with --topo: NVLinks per GPU when the file has none")
     p.add_argument("--nodes", type=int)
-    p.add_argument("--gpus", type=int, help="GPUs (ranks) per node")
+    p.add_argument("--gpus", "--nranks", dest="gpus", type=int, help="GPUs (ranks) per node")
     p.add_argument("--cc", type=int, default=90, help="minimum compute capability, e.g. 80, 90, 100")
     p.add_argument("--intra", default="NVL", help="intra-node path type: NVL, PIX, PXB, PHB, SYS")
     p.add_argument("--inter", default="PIX", help="GPU-NIC path type (LL128 auto-enable): PIX, PXB, PXN, ...")
@@ -120,6 +134,9 @@ def main(argv=None) -> int:
         print(f"# source ({key}): {src}", file=out)
     for line in model.tuning_lines(tuning.max_threads(machine.ring.bw_intra, machine.ring.n_channels)):
         print(f"# {line}", file=out)
+    if any(model.bw[f][ALGOS.index("PAT")][2] > 0 for f in model.bw):
+        print("# PAT has bandwidth (one GPU per node): NCCL would weigh it for AllGather/ReduceScatter; the choice "
+              "below is among Tree and Ring", file=out)
     combos = [(al, pr) for al in ("Tree", "Ring") for pr in ("LL", "LL128", "Simple")]
     print(f"# {'size':>12} " + " ".join(f"{al + '/' + pr:>20}" for al, pr in combos), file=out)
     print(f"# {'(B)':>12} " + " ".join(f"{'time(us) busbw':>20}" for _ in combos), file=out)
