@@ -28,7 +28,7 @@ from transports.base import CommInfo
 from transports.connections import Connections, connect_rings, connect_trees
 from transports.p2p import pool_of
 
-from . import api, enqueue
+from . import enqueue
 from .bootstrap import Bootstrap, UniqueId
 from .channels import init_channels, log_channels
 from .device import launch, ll_compiled
@@ -45,6 +45,7 @@ from .health import Health
 from .job import install_fatal_hook, rank_env
 from . import groups
 from .p2p import P2p
+from .rooted import GatherScatter
 from .p2p_schedule import P2pChannels, p2p_channels, p2p_schedule
 from .peers import exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
@@ -65,7 +66,7 @@ def reference_config(plan: enqueue.Plan, rings: list, trees: list, buff_sizes: d
     return config
 
 
-class Communicator(api.Collectives):
+class Communicator(GatherScatter):
     """``ncclComm``: ``Communicator(unique_id, nranks, rank)``, or ``Communicator()`` to read the launcher's
     (or mpirun's) environment.  A context manager: leaving the block calls ``destroy``."""
 
