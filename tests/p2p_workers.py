@@ -267,5 +267,51 @@ def rooted_usage(args: list[str]) -> None:
         sys.stdout.flush()
 
 
+def split(args: list[str]) -> None:
+    """split at n=4: two colors with keys reversing the order and one rank with None, then one color of three
+    ranks reversed and one None; each child runs an AllReduce (bitwise against the reference on its own rings),
+    sends and receives, and is destroyed; the parent stays usable in between and after."""
+    from collectives.perf.reference import all_reduce as reference_all_reduce
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        assert n == 4
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        for colors, keys in (([1, 0, 1, None], [10, 0, 5, 0]), ([4, 4, 4, None], [-0, -1, -2, 0])):
+            child = comm.split(colors[r], keys[r])
+            if colors[r] is None:
+                assert child is None
+            else:
+                members = sorted((keys[q], q) for q in range(n) if colors[q] == colors[r])
+                order = [q for _, q in members]
+                assert (child.nranks, child.rank) == (len(order), order.index(r)), (order, child.rank)
+                for count in (1, 4097, 70001):
+                    seed += 1
+                    xs = inputs_for(seed, child.nranks, count, np.float32)
+                    got = child.all_reduce(xs[child.rank])
+                    want = reference_all_reduce(xs, "sum", **child.reference_config("AllReduce", count, np.float32))
+                    same(got, want, f"child all_reduce count={count} colors={colors} rank {r}")
+                    out = poisoned(count, np.float32)
+                    with collectives.group():
+                        child.send(xs[child.rank], (child.rank + 1) % child.nranks)
+                        child.recv(out, (child.rank - 1) % child.nranks)
+                    same(out, xs[(child.rank - 1) % child.nranks], f"child ring count={count} rank {r}")
+            x = np.arange(1000, dtype=np.float32) * (r + 1)
+            same(comm.all_reduce(x), sum(np.arange(1000, dtype=np.float32) * (q + 1) for q in range(n)),
+                 f"parent after split, rank {r}")
+            if child is not None:
+                child.destroy()
+        try:
+            comm.split(-2, 0)
+        except ValueError as exc:
+            assert "non-negative" in str(exc), exc
+        else:
+            raise AssertionError("a negative color was accepted")
+        got = comm.gather(np.full(3, r, np.int32), 0)
+        if r == 0:
+            same(got, np.repeat(np.arange(n, dtype=np.int32), 3), "parent gather after the children")
+        sys.stdout.write(f"rank {r} ok split\n")
+        sys.stdout.flush()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](sys.argv[2:])
