@@ -30,7 +30,7 @@ from . import groups
 from .api import Collectives, buffers, check_overlap, check_send, gathered_shape, is_array, scattered_shape
 
 
-def check_recv(name: str, out, device=None):
+def check_recv(name: str, out, device=None) -> np.ndarray:
     """A receive buffer checked on its own (nccl4py's scatter on a non-root rank has no send buffer to compare
     it with): an array of a supported dtype, C-contiguous and writable."""
     out = check_send(name, out, device)
@@ -42,7 +42,8 @@ def check_recv(name: str, out, device=None):
 class GatherScatter(Collectives):
     """``ncclGather`` and ``ncclScatter`` over the communicator's ``send`` / ``recv`` (``p2pTaskAppend``)."""
 
-    def gather(self, send: np.ndarray, *rest, root: int | None = None, out: np.ndarray | None = None):
+    def gather(self, send: np.ndarray, *rest, root: int | None = None,
+               out: np.ndarray | None = None) -> np.ndarray | None:
         """Every rank's ``send`` to ``root``, rank r's at block r of the root's result (see the module)."""
         n, rank = self.nranks, self.rank
         nccl4py = bool(rest) and (is_array(rest[0]) or rest[0] is None)
@@ -87,7 +88,8 @@ class GatherScatter(Collectives):
                     self.recv(recv[r * count:(r + 1) * count], r)
         return result
 
-    def scatter(self, send, *rest, root: int | None = None, out: np.ndarray | None = None):
+    def scatter(self, send: np.ndarray | None, *rest, root: int | None = None,
+                out: np.ndarray | None = None) -> np.ndarray:
         """Block r of the root's ``send`` to rank r (see the module)."""
         n, rank = self.nranks, self.rank
         nccl4py = bool(rest) and is_array(rest[0])
@@ -125,7 +127,6 @@ class GatherScatter(Collectives):
                     raise ValueError(f"scatter: the receive buffer must have exactly {send.size // n} elements "
                                      f"(sendcount / nranks), got {count}")
                 flat = send.reshape(-1)
-                recv = recv.reshape(-1)
         else:
             send = check_send("scatter", send, self.device)
             if send.size % n:
