@@ -8,8 +8,8 @@ Mirrors ``ncclGetUniqueId`` / ``ncclCommInitRank`` / ``ncclAllReduce`` ... / ``n
 forms of NCCL's own Python binding, nccl4py (``import collectives as nccl`` in place of ``import nccl.core as
 nccl``): ``get_unique_id()``, ``Communicator.init(nranks=, rank=, unique_id=)``, ``allreduce(sendbuf, recvbuf,
 nccl.SUM)``, ``destroy()``; point-to-point ``send(buf, peer)`` / ``recv(buf, peer)``, grouped with ``with
-collectives.group():`` or ``group_start()`` / ``group_end()`` (``ncclGroupStart`` / ``ncclGroupEnd``).  No
-all-to-all or split yet.
+collectives.group():`` or ``group_start()`` / ``group_end()`` (``ncclGroupStart`` / ``ncclGroupEnd``); ``all_to_all``,
+``gather`` and ``scatter`` over them; ``Communicator.split(color, key)`` (``ncclCommSplit``).
 
 The package's folders mirror NCCL's ``src/``: ``misc/`` and ``include/`` (``src/misc``, ``src/include``), ``device/``
 and ``graph/``, the core at the root; ``perf/`` is the nccl-tests runner and ``tools/`` the other command lines.

@@ -119,19 +119,19 @@ def extent(arr) -> tuple[int, int]:
 
 def check_overlap(name: str, func: str, rank: int, send, recv) -> None:
     """Refuse a send and a receive buffer (the flat views the kernel reads and writes) that share bytes, unless the
-    call is exactly in place as NCCL defines it for ``func``: AllGather's send buffer is this rank's block of the
-    receive buffer (``recv + rank * count``); ReduceScatter's receive buffer is this rank's block of the send
-    buffer (``send + rank * recvcount``); the others' receive buffer is the send buffer itself.  Checked on every
+    call is exactly in place as NCCL defines it for ``func``: AllGather's (and the root's Gather's) send buffer is
+    this rank's block of the receive buffer (``recv + rank * count``); ReduceScatter's (and the root's Scatter's)
+    receive buffer is this rank's block of the send buffer (``send + rank * recvcount``); the others' receive buffer is the send buffer itself.  Checked on every
     rank before anything is enqueued, so the refusal is the same everywhere and the communicator stays usable."""
     (s0, s1), (r0, r1) = extent(send), extent(recv)
     if s0 >= r1 or r0 >= s1 or s0 == s1 or r0 == r1:
         return  # disjoint (or nothing to move)
-    if func == "AllGather":
+    if func in ("AllGather", "Gather"):  # Gather: checked on the root alone, so rank is the root
         exact = s0 == r0 + rank * send.nbytes
         rule = f"the send buffer is this rank's block of the receive buffer (recvbuff + {rank} * count)"
     elif func == "AlltoAll":
         exact, rule = False, "AlltoAll has no in-place form"
-    elif func == "ReduceScatter":
+    elif func in ("ReduceScatter", "Scatter"):
         exact = r0 == s0 + rank * recv.nbytes
         rule = f"the receive buffer is this rank's block of the send buffer (sendbuff + {rank} * recvcount)"
     else:

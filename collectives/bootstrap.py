@@ -203,6 +203,12 @@ def get_unique_id() -> UniqueId:
         magic = int(env_str("NCCLLAB_COMM_MAGIC", "0") or 0, 0) or NCCL_MAGIC
         # With NCCL_COMM_ID, rank 0 hosts the root inside Bootstrap.init; the id only names the address.
         return UniqueId(host, port, magic)
+    return new_unique_id()
+
+
+def new_unique_id() -> UniqueId:
+    """A root listener of its own, on a free port, with a random magic (``ncclGetUniqueId`` without
+    ``NCCL_COMM_ID``; a split's child takes one even when the parent came from ``NCCL_COMM_ID``)."""
     magic = secrets.randbits(64)  # getRandomData: a stranger cannot guess it
     _, addr = sockets.find_interface()
     host, port = _open_root(addr, 0, magic)

@@ -28,7 +28,7 @@ from transports.base import CommInfo
 from transports.connections import Connections, connect_rings, connect_trees
 from transports.p2p import pool_of
 
-from . import api, enqueue
+from . import enqueue
 from .bootstrap import Bootstrap, UniqueId
 from .channels import init_channels, log_channels
 from .device import launch, ll_compiled
@@ -45,6 +45,8 @@ from .health import Health
 from .job import install_fatal_hook, rank_env
 from . import groups
 from .p2p import P2p
+from .rooted import GatherScatter
+from .split import child_unique_id, split_info
 from .p2p_schedule import P2pChannels, p2p_channels, p2p_schedule
 from .peers import exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
@@ -65,7 +67,7 @@ def reference_config(plan: enqueue.Plan, rings: list, trees: list, buff_sizes: d
     return config
 
 
-class Communicator(api.Collectives):
+class Communicator(GatherScatter):
     """``ncclComm``: ``Communicator(unique_id, nranks, rank)``, or ``Communicator()`` to read the launcher's
     (or mpirun's) environment.  A context manager: leaving the block calls ``destroy``."""
 
@@ -344,6 +346,22 @@ class Communicator(api.Collectives):
     def rings(self) -> list[list[int]]:
         """The ring of each channel, as given or derived (rank order by default)."""
         return [list(ch.ring.order) for ch in self.channels]
+
+    def split(self, color: int | None = None, key: int = 0) -> "Communicator | None":
+        """``ncclCommSplit`` (nccl4py's ``Communicator.split(color, key)``): every rank of this communicator calls
+        it; the ranks of one ``color`` become a new communicator, ranked by ``key`` then by rank here.  ``color``
+        None (``NCCL_SPLIT_NOCOLOR``) takes part and gets None (nccl4py: a null communicator).  The child is a full
+        communicator (its own bootstrap, channels and connections) on this one's device and environment; rings,
+        protocols or algorithms given to this one's constructor are not passed on.  This one stays usable."""
+        self._check()
+        if groups.depth():
+            raise RuntimeError("split inside a group: groups hold only send and recv here")
+        info = split_info(self.bootstrap, color, key)
+        if info is None:
+            return None
+        ranks, child_rank = info
+        uid = child_unique_id(self.bootstrap, ranks, child_rank)
+        return type(self)(uid, len(ranks), child_rank, device=self.device.name)
 
     def _check_root(self, root: int) -> None:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.nranks:

@@ -176,5 +176,142 @@ def usage(args: list[str]) -> None:
         sys.stdout.flush()
 
 
+def rooted(args: list[str]) -> None:
+    """rooted COUNTS DTYPES (JSON lists): gather and scatter at every root, bitwise, in both forms (ours with a
+    fresh result, nccl4py's into poisoned buffers), out of place and in place; a non-root rank's gather recvbuf
+    and scatter sendbuf stay as they were, bytes and all."""
+    counts, dtypes = json.loads(args[0]), json.loads(args[1])
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        for dtype in dtypes:
+            dt = DTYPES[dtype]
+            for count in counts:
+                for root in range(n):
+                    seed += 1
+                    what = f"{dtype} count={count} root={root} rank {r} n={n}"
+                    xs = inputs_for(seed, n, count, dt)
+                    gathered = np.concatenate(xs)
+                    # gather, ours: the root's result is every rank's input in rank order; zeros elsewhere
+                    got = comm.gather(xs[r], root)
+                    same(got, gathered if r == root else np.zeros(n * count, dt), f"gather {what}")
+                    # gather, nccl4py's: into a poisoned buffer; a non-root's buffer is never touched
+                    out = poisoned(n * count, dt)
+                    comm.gather(xs[r], out, root)
+                    same(out, gathered if r == root else poisoned(n * count, dt), f"nccl4py gather {what}")
+                    comm.gather(xs[r], None if r != root else out, root=root)  # nccl4py: recvbuf None off the root
+                    if r == root:
+                        same(out, gathered, f"nccl4py gather recvbuf=None elsewhere {what}")
+                    # gather in place on the root: sendbuff == recvbuff + root * count
+                    out = poisoned(n * count, dt)
+                    if r == root:
+                        out[root * count:(root + 1) * count] = xs[r]
+                        comm.gather(out[root * count:(root + 1) * count], out, root)
+                        same(out, gathered, f"in-place gather {what}")
+                    else:
+                        comm.gather(xs[r], out, root)
+                        same(out, poisoned(n * count, dt), f"in-place gather, non-root buffer {what}")
+                    # scatter, ours: every rank passes nranks * count elements, only the root's are read
+                    big = inputs_for(seed + 10 ** 6, n, n * count, dt)
+                    src = big[root] if r == root else poisoned(n * count, dt)
+                    mine = big[root][r * count:(r + 1) * count]
+                    same(comm.scatter(src, root), mine, f"scatter {what}")
+                    same(src, big[root] if r == root else poisoned(n * count, dt), f"scatter's send kept {what}")
+                    if count:  # nccl4py refuses a send buffer of fewer than nranks elements
+                        out = poisoned(count, dt)
+                        comm.scatter(big[root] if r == root else None, out, root)
+                        same(out, mine, f"nccl4py scatter {what}")
+                        # scatter in place on the root: recvbuff == sendbuff + root * count
+                        buf = big[root].copy()
+                        recv = buf[root * count:(root + 1) * count] if r == root else poisoned(count, dt)
+                        comm.scatter(buf if r == root else None, recv, root)
+                        same(recv, mine, f"in-place scatter {what}")
+                        if r == root:
+                            same(buf, big[root], f"in-place scatter's send {what}")
+        sys.stdout.write(f"rank {r} ok rooted\n")
+        sys.stdout.flush()
+
+
+def rooted_usage(args: list[str]) -> None:
+    """gather / scatter arguments NCCL or nccl4py refuse, refused here on every rank before anything moves; the
+    nccl4py gather without a root is an AllGather; the communicator stays usable."""
+    with collectives.Communicator() as comm:
+        r, n = comm.rank, comm.nranks
+        x = np.arange(6 * n, dtype=np.float32) + r
+        y = np.zeros(6 * n * n + 1, np.float32)  # buffers that overlap without being in place
+        bad = [(lambda: comm.gather(x, n), "out of range"), (lambda: comm.scatter(x, -1), "out of range"),
+               (lambda: comm.gather(x, root=0, out=np.zeros(6 * n, np.int32)) if r == 0 else
+                comm.gather(x, 0, 1), "dtype" if r == 0 else "too many"),
+               (lambda: comm.scatter(x, np.zeros(6, np.float32)), "root is required"),
+               (lambda: comm.scatter(x, np.zeros(7, np.float32), 0) if r == 0 else
+                comm.scatter(x, np.zeros(7, np.float32), root=1, out=x), "exactly 6" if r == 0 else "twice"),
+               (lambda: comm.scatter(x[:n - 1], np.zeros(1, np.float32), r), f"at least {n}"),
+               (lambda: comm.gather(y[1:6 * n + 1], out=y[:6 * n * n], root=r), "not in place"),
+               (lambda: comm.scatter(y[:6 * n], out=y[1:7], root=r), "not in place")]
+        if n > 1:
+            bad.append((lambda: comm.scatter(np.zeros(2 * n + 1, np.float32)), "not a multiple of nranks"))
+        for call, why in bad:
+            try:
+                call()
+            except (ValueError, TypeError) as exc:
+                assert why in str(exc), (why, exc)
+            else:
+                raise AssertionError(f"accepted: {why}")
+        out = poisoned(6 * n * n, np.float32)
+        comm.gather(x, out)  # nccl4py without a root: an AllGather on every rank
+        same(out, np.concatenate([np.arange(6 * n, dtype=np.float32) + q for q in range(n)]), "gather, no root")
+        with collectives.group():  # a gather inside the caller's group launches at its end
+            got = comm.gather(x, n - 1)
+        same(got, out if r == n - 1 else np.zeros(6 * n * n, np.float32), "gather in a group")
+        sys.stdout.write(f"rank {r} ok rooted_usage\n")
+        sys.stdout.flush()
+
+
+def split(args: list[str]) -> None:
+    """split at n=4: two colors with keys reversing the order and one rank with None, then one color of three
+    ranks reversed and one None; each child runs an AllReduce (bitwise against the reference on its own rings),
+    sends and receives, and is destroyed; the parent stays usable in between and after."""
+    from collectives.perf.reference import all_reduce as reference_all_reduce
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        assert n == 4
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        for colors, keys in (([1, 0, 1, None], [10, 0, 5, 0]), ([4, 4, 4, None], [-0, -1, -2, 0])):
+            child = comm.split(colors[r], keys[r])
+            if colors[r] is None:
+                assert child is None
+            else:
+                members = sorted((keys[q], q) for q in range(n) if colors[q] == colors[r])
+                order = [q for _, q in members]
+                assert (child.nranks, child.rank) == (len(order), order.index(r)), (order, child.rank)
+                for count in (1, 4097, 70001):
+                    seed += 1
+                    xs = inputs_for(seed, child.nranks, count, np.float32)
+                    got = child.all_reduce(xs[child.rank])
+                    want = reference_all_reduce(xs, "sum", **child.reference_config("AllReduce", count, np.float32))
+                    same(got, want, f"child all_reduce count={count} colors={colors} rank {r}")
+                    out = poisoned(count, np.float32)
+                    with collectives.group():
+                        child.send(xs[child.rank], (child.rank + 1) % child.nranks)
+                        child.recv(out, (child.rank - 1) % child.nranks)
+                    same(out, xs[(child.rank - 1) % child.nranks], f"child ring count={count} rank {r}")
+            x = np.arange(1000, dtype=np.float32) * (r + 1)
+            same(comm.all_reduce(x), sum(np.arange(1000, dtype=np.float32) * (q + 1) for q in range(n)),
+                 f"parent after split, rank {r}")
+            if child is not None:
+                child.destroy()
+        try:
+            comm.split(-2, 0)
+        except ValueError as exc:
+            assert "non-negative" in str(exc), exc
+        else:
+            raise AssertionError("a negative color was accepted")
+        got = comm.gather(np.full(3, r, np.int32), 0)
+        if r == 0:
+            same(got, np.repeat(np.arange(n, dtype=np.int32), 3), "parent gather after the children")
+        sys.stdout.write(f"rank {r} ok split\n")
+        sys.stdout.flush()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](sys.argv[2:])

@@ -16,7 +16,8 @@ FLOOR_ORDER = (("tracing",), ("collectives.misc",), ("collectives.include",), ("
                ("collectives.tools",), ("visualize",))
 FLOORS = sorted((f for level in FLOOR_ORDER for f in level), key=len, reverse=True)  # the longest prefix wins
 LEVEL = {f: i for i, level in enumerate(FLOOR_ORDER) for f in level}
-ENTRY_POINTS = {"collectives.ring", "collectives.tree"}
+ENTRY_POINTS = {"collectives.ring", "collectives.tree", "collectives.sendrecv", "collectives.alltoall",
+                "collectives.gather", "collectives.scatter"}
 
 
 def floor_of(module: str) -> str | None:

@@ -17,7 +17,7 @@ from collectives.job import job_size, memory_available
 from collectives.misc.param import check_env
 from collectives.include.protocols import buffer_sizes
 
-from .colls import BY_CLI
+from .colls import RUNS
 
 
 def parse_size(text: str) -> int:
@@ -34,7 +34,7 @@ def _size_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size (8, 1K, 64M, 1G)") from None
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser, coll: str = "allreduce") -> None:
     p.add_argument("-b", "--minbytes", type=_size_arg, default=parse_size("32M"),
                    help="smallest message, nccl-tests' syntax (8, 1K, 64M, 1G)")
     p.add_argument("-e", "--maxbytes", type=_size_arg, default=parse_size("32M"), help="largest message")
@@ -47,8 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-d", "--datatype", default="float",
                    help="int8 uint8 int32 uint32 int64 uint64 half/float16 bfloat16 float/float32 double/float64")
     p.add_argument("-o", "--op", default="sum", help="sum, prod, min, max or avg")
-    p.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast and reduce")
-    p.add_argument("--coll", choices=sorted(BY_CLI), default="allreduce", help="the collective to run")
+    p.add_argument("-r", "--root", type=int, default=0, help="root rank of broadcast, reduce, gather and scatter")
+    p.add_argument("--coll", choices=sorted(RUNS), default=coll, help="the collective to run")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON records ('-': to stdout, and the "
                                                   "table to stderr)")
     p.add_argument("--topo", metavar="XML", help="one node's topology: run with the rings, tree chains, tree "
@@ -93,12 +93,12 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescription
     """Defaults in every flag's help, and the entry point's docstring as written."""
 
 
-def build_parser(module: str) -> argparse.ArgumentParser:
+def build_parser(module: str, coll: str = "allreduce") -> argparse.ArgumentParser:
     doc = getattr(sys.modules.get("__main__"), "__doc__", None) or sys.modules[__package__].__doc__
     # the entry point's own docstring (else the runner's)
     p = argparse.ArgumentParser(prog=f"python -m {module}", description=doc.strip(),
                                 formatter_class=_Formatter)
-    add_arguments(p)
+    add_arguments(p, coll)
     p.add_argument("-g", "--ngpus", "--nranks", "-np", dest="nranks", type=int, default=None,
                    help="ranks to start when not under mpirun (nccl-tests' -g: GPUs driven by this command); "
                         "under mpirun it must equal mpirun's -n [default: 8, or mpirun's -n]")
@@ -145,11 +145,13 @@ def check_args(args, nranks: int) -> str | None:
             proto = gpu_protocols(args.device, proto)
         model = CostModel(cpu_lab(nranks, args.nodes), proto,
                           os.environ.get("NCCL_ALGO", ""))
-        if nranks > 1:  # a setting that leaves this collective nothing to run fails here, not on every rank
-            model.choose(BY_CLI[args.coll].name, max(1, args.maxbytes))
+        if nranks > 1 and not RUNS[args.coll].p2p:  # a setting that leaves this collective nothing to run fails
+            model.choose(RUNS[args.coll].name, max(1, args.maxbytes))  # here, not on every rank
     except (ValueError, DeviceError) as exc:  # DeviceError: a device this machine lacks
         return str(exc)
-    if args.coll in ("broadcast", "reduce") and not 0 <= args.root < nranks:
+    if RUNS[args.coll].p2p and (args.device != "cpu" or args.threads):
+        return f"--coll {args.coll}: sends and receives run only on the CPU device, in one process per rank"
+    if RUNS[args.coll].rooted and not 0 <= args.root < nranks:
         return f"-r {args.root}: the root must be a rank, 0 to {nranks - 1}"
     if args.json and args.json != "-":
         folder = os.path.dirname(os.path.abspath(args.json))

@@ -1,5 +1,6 @@
-"""The runner's ``main`` (nccl-tests' ``main`` in ``src/common.cu``), shared by ``python -m collectives.ring`` and
-``python -m collectives.tree``: check the arguments, start the ranks when no launcher did (``-g N``, default 8),
+"""The runner's ``main`` (nccl-tests' ``main`` in ``src/common.cu``), shared by ``python -m collectives.ring``,
+``python -m collectives.tree`` and the point-to-point tests (``collectives.sendrecv``, ``alltoall``, ``gather``,
+``scatter``): check the arguments, start the ranks when no launcher did (``-g N``, default 8),
 or, as one rank of a job, run the sweep on a communicator; ``--threads`` runs every rank in this process.
 """
 from __future__ import annotations
@@ -16,11 +17,12 @@ from .runner import Runner
 from .threads_runner import run_threads
 
 
-def main(module: str, argv: Sequence[str] | None = None) -> int:
+def main(module: str, argv: Sequence[str] | None = None, coll: str = "allreduce") -> int:
     """Entry point shared by ``collectives.ring`` & co.: check the arguments, spawn ranks when not launched (or
-    take mpirun's), then run the sweep."""
+    take mpirun's), then run the sweep.  ``coll``: the entry point's default ``--coll`` (``collectives.gather``:
+    gather)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(module).parse_args(argv)
+    args = build_parser(module, coll).parse_args(argv)
     if args.topo:  # the searched rings, chains and pattern go to every rank through the environment
         from collectives.graph.topo_feed import apply_topology
         try:

@@ -306,3 +306,31 @@ def all_gather(inputs: Sequence[np.ndarray]) -> np.ndarray:
 
 def broadcast(inputs: Sequence[np.ndarray], root: int) -> np.ndarray:
     return np.asarray(inputs[root]).copy()
+
+
+# Point-to-point (nccl-tests ``src/sendrecv.cu``, ``alltoall.cu``, ``gather.cu``, ``scatter.cu``: their
+# ``*InitData`` expectations): no arithmetic, only which rank's bytes land where.
+
+def sendrecv(inputs: Sequence[np.ndarray], rank: int) -> np.ndarray:
+    """Each rank sends to rank + 1 and receives from rank - 1: it holds rank - 1's input."""
+    return np.asarray(inputs[(rank - 1) % len(inputs)]).copy()
+
+
+def alltoall(inputs: Sequence[np.ndarray], rank: int) -> np.ndarray:
+    """Block q of the output is block ``rank`` of rank q's input."""
+    n = len(inputs)
+    count = len(np.asarray(inputs[0])) // n
+    return np.concatenate([np.asarray(x)[rank * count:(rank + 1) * count] for x in inputs])
+
+
+def gather(inputs: Sequence[np.ndarray], rank: int, root: int) -> np.ndarray | None:
+    """The root holds every rank's input in rank order; elsewhere the receive buffer is not touched (None: the
+    runner then checks it kept its bytes)."""
+    return np.concatenate([np.asarray(x) for x in inputs]) if rank == root else None
+
+
+def scatter(inputs: Sequence[np.ndarray], rank: int, root: int) -> np.ndarray:
+    """Rank r holds block r of the root's input."""
+    x = np.asarray(inputs[root])
+    count = len(x) // len(inputs)
+    return x[rank * count:(rank + 1) * count].copy()

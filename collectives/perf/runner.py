@@ -19,7 +19,7 @@ from collectives.device.reduce_copy import DTYPES, parse_dtype, parse_op
 
 from . import table
 from .args import sizes
-from .colls import BY_CLI
+from .colls import RUNS
 
 
 class _Rolled:
@@ -66,7 +66,7 @@ class Runner:
 
     def __init__(self, comm, args):
         self.comm, self.args = comm, args
-        self.coll = BY_CLI[args.coll]
+        self.coll = RUNS[args.coll]
         self.func = self.coll.name
         self.dtype_name = parse_dtype(args.datatype)
         self.dtype = DTYPES[self.dtype_name]
@@ -89,7 +89,9 @@ class Runner:
         # this rank's block of its input (at offset 0 on every rank, it overlapped without being in place)
         return self.coll.in_place(out, self.comm.rank, param)
 
-    def time_one(self, size: int, in_place: bool) -> float:
+    def time_one(self, size: int, in_place: bool) -> float | None:
+        if in_place and not self.coll.in_place_runs:
+            return None  # AlltoAll: NCCL has no in-place form, and ours refuses the call
         send, out = self._buffers(size, in_place)
         return self.timed(lambda: self._call(send, out))
 
@@ -115,20 +117,21 @@ class Runner:
         send, out = self._buffers(size, in_place)
         _poison(out)
         send[...] = np.asarray(inputs[r])
+        before = out.copy()  # what a buffer the call must not touch keeps (nccl-tests: expected = recvbuff)
         result = self._call(send, out)
-        kw = comm.reference_config(self.func, param, self.dtype)
+        kw = {} if self.coll.p2p else comm.reference_config(self.func, param, self.dtype)
         expect = self.coll.reference(inputs, r, self.op, self.args.root, **kw)
-        if expect is None:
-            return 0
+        if expect is None:  # a non-root rank: Reduce defines nothing there, Gather leaves the buffer as it was
+            return count_wrong(out, before) if self.coll.p2p else 0
         return count_wrong(result, expect)
 
     def run(self, out=None) -> list[dict]:
         """The table goes to stdout, or to stderr when ``--json -`` takes stdout for the records."""
         comm, args, n = self.comm, self.args, self.comm.nranks
         out = out or (sys.stderr if args.json == "-" else sys.stdout)
-        if comm.rank == 0:
-            table.header(out, comm, args, self.func, (comm.plan(self.func, self.counts(s)[0], self.dtype)
-                                                      for s in sizes(args)))
+        if comm.rank == 0:  # sends and receives have no cost-model plan: algo and proto "-"
+            table.header(out, comm, args, self.func, () if self.coll.p2p else
+                         (comm.plan(self.func, self.counts(s)[0], self.dtype) for s in sizes(args)))
         total_wrong, busbws = 0, []
         seed = comm.bootstrap.allgather_struct("<I", int.from_bytes(os.urandom(4), "little"))[0][0]  # rank 0's
         for size in sizes(args):
@@ -141,7 +144,7 @@ class Runner:
                     cells.append(None)
                     continue
                 wrong = None
-                if args.check:
+                if args.check and (self.coll.in_place_checked or not in_place):  # else N/A, as nccl-tests
                     wrong = sum(w for (w,) in comm.bootstrap.allgather_struct("<q", self.check_one(size, in_place,
                                                                                                  seed + size)))
                     total_wrong += wrong
@@ -150,11 +153,11 @@ class Runner:
                 busbw = algbw * self.coll.bus_factor(n)
                 busbws.append(busbw)
                 cells.append((t * 1e6, algbw, busbw, wrong))
-                plan = comm.plan(self.func, param, self.dtype)
+                plan = None if self.coll.p2p else comm.plan(self.func, param, self.dtype)
                 self.records.append({
                     "size": nbytes, "count": param, "dtype": self.dtype_name, "op": self.op,
-                    "coll": self.func, "algo": plan.algo, "proto": plan.proto, "nranks": n,
-                    "nchannels": plan.nchannels, "placement": "in-place" if in_place else "out-of-place",
+                    "coll": self.func, "algo": plan and plan.algo, "proto": plan and plan.proto, "nranks": n,
+                    "nchannels": plan and plan.nchannels, "placement": "in-place" if in_place else "out-of-place",
                     "time_us": t * 1e6, "algbw": algbw, "busbw": busbw, "wrong": wrong})
             if comm.rank == 0:
                 table.row(out, nbytes, param, self.dtype_name, self.op if self.coll.reduces else "none",

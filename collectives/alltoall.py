@@ -1,0 +1,14 @@
+"""``python -m collectives.alltoall``: nccl-tests' ``alltoall_perf`` (``src/alltoall.cu``): ``ncclAlltoAll``, count per
+peer aligned down to 16 bytes; busbw = algbw * (n-1)/n. NCCL has no in-place all-to-all, so that column is N/A.
+
+The same command line and table as ``collectives.ring`` (``collectives/perf/``), on the CPU device.  Under
+``mpirun -n N`` each process is one rank; without mpirun it starts ``-g N`` ranks itself (default 8),
+``--nodes K`` emulated nodes talking over NET.  Deliberate difference: ``-r`` names one root (nccl-tests' ``-r -1``,
+every root, is not there).
+"""
+import sys
+
+from .perf.main import main
+
+if __name__ == "__main__":
+    sys.exit(main("collectives.alltoall", coll="alltoall"))

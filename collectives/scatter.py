@@ -1,0 +1,15 @@
+"""``python -m collectives.scatter``: nccl-tests' ``scatter_perf`` (``src/scatter.cu``): ``ncclScatter`` from root
+``-r``, count per rank aligned down to 16 bytes; busbw = algbw * (n-1)/n. In place: the receive buffer is the rank's
+block of the send buffer.
+
+The same command line and table as ``collectives.ring`` (``collectives/perf/``), on the CPU device.  Under
+``mpirun -n N`` each process is one rank; without mpirun it starts ``-g N`` ranks itself (default 8),
+``--nodes K`` emulated nodes talking over NET.  Deliberate difference: ``-r`` names one root (nccl-tests' ``-r -1``,
+every root, is not there).
+"""
+import sys
+
+from .perf.main import main
+
+if __name__ == "__main__":
+    sys.exit(main("collectives.scatter", coll="scatter"))
