@@ -39,6 +39,22 @@ def check_recv(name: str, out, device=None) -> np.ndarray:
     return out
 
 
+def rooted_args(name: str, rest: tuple, nccl4py: bool, out, root):
+    """The positional arguments after the send buffer, in either form: nccl4py's ``(recvbuf[, root])`` or ours
+    ``(root)``; returns (out, root), each given at most once."""
+    if len(rest) > 2 or (rest and not nccl4py and len(rest) > 1):
+        raise TypeError(f"{name}: too many positional arguments")
+    if nccl4py:
+        if out is not None:
+            raise TypeError(f"{name}: the receive buffer is given twice (positionally and as out=)")
+        out, rest = rest[0], rest[1:]
+    if rest:
+        if root is not None:
+            raise TypeError(f"{name}: root given twice")
+        root = rest[0]
+    return out, root
+
+
 class GatherScatter(Collectives):
     """``ncclGather`` and ``ncclScatter`` over the communicator's ``send`` / ``recv`` (``p2pTaskAppend``)."""
 
@@ -47,22 +63,9 @@ class GatherScatter(Collectives):
         """Every rank's ``send`` to ``root``, rank r's at block r of the root's result (see the module)."""
         n, rank = self.nranks, self.rank
         nccl4py = bool(rest) and (is_array(rest[0]) or rest[0] is None)
-        if len(rest) > 2 or (rest and not nccl4py and len(rest) > 1):
-            raise TypeError("gather: too many positional arguments")
-        if nccl4py:  # (recvbuf[, root])
-            if out is not None:
-                raise TypeError("gather: the receive buffer is given twice (positionally and as out=)")
-            out = rest[0]
-            if len(rest) > 1:
-                if root is not None:
-                    raise TypeError("gather: root given twice")
-                root = rest[1]
-            if root is None:  # nccl4py: no root is an AllGather
-                return self.all_gather(send, out)
-        elif rest:  # ours: (root)
-            if root is not None:
-                raise TypeError("gather: root given twice")
-            root = rest[0]
+        out, root = rooted_args("gather", rest, nccl4py, out, root)
+        if nccl4py and root is None:  # nccl4py: no root is an AllGather
+            return self.all_gather(send, out)
         root = 0 if root is None else root
         self._check_root(root)
         send = check_send("gather", send, self.device)
@@ -93,22 +96,9 @@ class GatherScatter(Collectives):
         """Block r of the root's ``send`` to rank r (see the module)."""
         n, rank = self.nranks, self.rank
         nccl4py = bool(rest) and is_array(rest[0])
-        if len(rest) > 2 or (rest and not nccl4py and len(rest) > 1):
-            raise TypeError("scatter: too many positional arguments")
-        if nccl4py:  # (recvbuf, root)
-            if out is not None:
-                raise TypeError("scatter: the receive buffer is given twice (positionally and as out=)")
-            out = rest[0]
-            if len(rest) > 1:
-                if root is not None:
-                    raise TypeError("scatter: root given twice")
-                root = rest[1]
-            if root is None:
-                raise TypeError("scatter: root is required (nccl4py's scatter(sendbuf, recvbuf, root))")
-        elif rest:  # ours: (root)
-            if root is not None:
-                raise TypeError("scatter: root given twice")
-            root = rest[0]
+        out, root = rooted_args("scatter", rest, nccl4py, out, root)
+        if nccl4py and root is None:
+            raise TypeError("scatter: root is required (nccl4py's scatter(sendbuf, recvbuf, root))")
         root = 0 if root is None else root
         self._check_root(root)
         if nccl4py:
