@@ -33,26 +33,28 @@ def _prims(kernel, ll: bool, channel: int, recv, send, sendbuff, recvbuff, group
     return PrimitivesSimple(kernel, channel, recv, send, sendbuff, recvbuff, COPY_OP, 1, 1, group)
 
 
-def run_send(prims, nbytes: int, chunk_size: int) -> Iterator:
-    """``runSend``: ``directSend`` of the part, one chunk per call (a single empty call for 0 bytes)."""
+def _chunks(nbytes: int, chunk_size: int) -> Iterator[tuple[int, int]]:
+    """(offset, bytes) of each call over a part: whole chunks, the last one short, a single empty call for 0 bytes
+    (the do-while of ``runSend`` / ``runRecv``)."""
     cursor = 0
     while True:
         n = min(chunk_size, nbytes - cursor)
-        yield from prims.send(cursor, n)
+        yield cursor, n
         cursor += n
         if cursor >= nbytes:
             break
+
+
+def run_send(prims, nbytes: int, chunk_size: int) -> Iterator:
+    """``runSend``: ``directSend`` of the part, one chunk per call."""
+    for offset, n in _chunks(nbytes, chunk_size):
+        yield from prims.send(offset, n)
 
 
 def run_recv(prims, nbytes: int, chunk_size: int) -> Iterator:
     """``runRecv``: ``directRecv`` of the part, one chunk per call."""
-    cursor = 0
-    while True:
-        n = min(chunk_size, nbytes - cursor)
-        yield from prims.recv(cursor, n)
-        cursor += n
-        if cursor >= nbytes:
-            break
+    for offset, n in _chunks(nbytes, chunk_size):
+        yield from prims.recv(offset, n)
 
 
 def _copy(work: DevWorkP2p, beg: int, end: int) -> Iterator:
