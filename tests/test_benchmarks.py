@@ -32,6 +32,8 @@ TINY = {
     "net_ib_vs_socket.py": ([], ["-g", "2", "-b", "8", "-e", "8", "-n", "2", "-o", "{out}"],
                             ROW + r"(?:[\d.]+\s+){6}[\d.]+\s*$(?s:.*)8 B AllReduce latency: IB \d+ us"),
     "net_vs_shm.py": ([], ["-g", "2", "-b", "8", "-e", "8", "--rounds", "1"], ROW + r"(?:[\d.]+\s+){6}[\d.]+"),
+    "p2p_vs_mpi.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "--rounds", "1"],
+                      r"^\s+SendRecv\s+8\s+(?:[\d.]+\s+){4}[\d.]+(?s:.*)^\s+AlltoAll\s+8\s+(?:[\d.]+\s+){4}[\d.]+"),
     "ring_vs_tree.py": ([], ["-g", "2", "--nodes", "2", "-b", "8", "-e", "8"], ROW + r"(?:[\d.]+\s+){7}\w+/\w+"),
     "soak.py": ([], ["-g", "2", "--count", "4", "--per-comm", "2", "--max-bytes", "4K", "--seed", "1"],
                 r"soak: 4 collectives on 2 ranks, 2 communicators, seed 1, \d+ s: 0 wrong, 0 hangs"),
