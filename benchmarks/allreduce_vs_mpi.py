@@ -15,8 +15,8 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.perf.args import parse_size, sizes
-from timing import timed_rounds
+from collectives.perf.args import sizes
+from timing import add_side_by_side_args, iters_for, timed_rounds
 
 
 
@@ -39,14 +39,7 @@ def goals(n: int, lab: list, mpi: list) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("-b", "--minbytes", type=parse_size, default=8)
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("256M"))
-    p.add_argument("-f", "--stepfactor", type=int, default=2)
-    p.add_argument("-i", "--stepbytes", type=parse_size, default=parse_size("1M"), help="size step when -f is 1")
-    p.add_argument("-n", "--iters", type=int, default=0,
-                   help="timed calls per round (default: 200, fewer above 320 KiB)")
-    p.add_argument("-w", "--warmup_iters", type=int, default=2, help="untimed calls of each side first")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size; medians are reported")
+    add_side_by_side_args(p, "256M", 2, 200)
     p.add_argument("--json", help="write both curves as series files for `python -m visualize curves`")
     a = p.parse_args()
     lab_pts, mpi_pts, algos = [], [], set()
@@ -61,7 +54,7 @@ def main() -> None:
         for size in sizes(a):
             x = np.random.default_rng(comm.rank).uniform(-1, 1, size // 4).astype(np.float32)
             out, mout = np.empty_like(x), np.empty_like(x)
-            iters = a.iters or int(max(3, min(200, (64 << 20) // max(size, 1))))
+            iters = iters_for(size, 200, a.iters)
             t = timed_rounds({"lab": lambda: comm.all_reduce(x, out=out), "mpi": lambda: world.Allreduce(x, mout)},
                              iters, world, a.rounds, warmup=a.warmup_iters)
             t_lab, t_mpi = t["lab"], t["mpi"]

@@ -16,20 +16,13 @@ import numpy as np
 from mpi4py import MPI
 
 import collectives
-from collectives.perf.args import parse_size, sizes
-from timing import timed_rounds
+from collectives.perf.args import sizes
+from timing import add_side_by_side_args, iters_for, timed_rounds
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("-b", "--minbytes", type=parse_size, default=8)
-    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size("64M"))
-    p.add_argument("-f", "--stepfactor", type=int, default=8)
-    p.add_argument("-i", "--stepbytes", type=parse_size, default=parse_size("1M"), help="size step when -f is 1")
-    p.add_argument("-n", "--iters", type=int, default=0,
-                   help="timed calls per round (default: 100, fewer above 640 KiB)")
-    p.add_argument("-w", "--warmup_iters", type=int, default=2, help="untimed calls of each side first")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size; medians are reported")
+    add_side_by_side_args(p, "64M", 8, 100)
     a = p.parse_args()
     world = MPI.COMM_WORLD
     n = world.size
@@ -55,7 +48,7 @@ def main() -> None:
                 calls = ({"lab": lab_sendrecv, "mpi": lambda: world.Sendrecv(x, nxt, 0, mout, prv, 0)}
                          if test == "SendRecv" else
                          {"lab": lambda: comm.all_to_all(x, out=out), "mpi": lambda: world.Alltoall(x, mout)})
-                iters = a.iters or int(max(3, min(100, (64 << 20) // max(size, 1))))
+                iters = iters_for(size, 100, a.iters)
                 t = timed_rounds(calls, iters, world, a.rounds, warmup=a.warmup_iters)
                 if r == 0:
                     nbytes = count * 4

@@ -1,11 +1,14 @@
-"""The side-by-side benchmarks' timers (``allreduce_vs_mpi.py``, ``latency.py``, ``net_vs_shm.py``): each call
-timed on every rank after a barrier, several calls side by side in alternating rounds, medians reported.  The
-benchmarks run as scripts, so ``import timing`` finds this file beside them."""
+"""The side-by-side benchmarks' timers and shared flags (``allreduce_vs_mpi.py``, ``p2p_vs_mpi.py``, ``latency.py``,
+``net_vs_shm.py``): each call timed on every rank after a barrier, several calls side by side in alternating
+rounds, medians reported.  The benchmarks run as scripts, so ``import timing`` finds this file beside them."""
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
+
+from collectives.perf.args import parse_size
 
 
 def timed_across(fn, iters: int, world) -> float:
@@ -31,3 +34,22 @@ def timed_rounds(calls: dict, iters: int, world, rounds: int = 3, warmup: int = 
         for name in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
             times[name].append(timed_across(calls[name], iters, world))
     return {name: float(np.median(t)) for name, t in times.items()}
+
+
+def add_side_by_side_args(p: argparse.ArgumentParser, maxbytes: str, stepfactor: int, calls: int) -> None:
+    """The flags the side-by-side benchmarks share: nccl-tests' sizes (-b -e -f -i), the timed calls (-n, default
+    ``iters_for``'s), the untimed ones (-w) and the alternating rounds."""
+    p.add_argument("-b", "--minbytes", type=parse_size, default=8)
+    p.add_argument("-e", "--maxbytes", type=parse_size, default=parse_size(maxbytes))
+    p.add_argument("-f", "--stepfactor", type=int, default=stepfactor)
+    p.add_argument("-i", "--stepbytes", type=parse_size, default=parse_size("1M"), help="size step when -f is 1")
+    p.add_argument("-n", "--iters", type=int, default=0,
+                   help=f"timed calls per round (default: {calls}, fewer above {(64 << 10) // calls} KiB)")
+    p.add_argument("-w", "--warmup_iters", type=int, default=2, help="untimed calls of each side first")
+    p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size; medians are reported")
+
+
+def iters_for(size: int, calls: int, given: int = 0) -> int:
+    """Timed calls per round at ``size`` bytes: ``given`` (-n) if set, else ``calls``, fewer so that a round moves
+    about 64 MiB, never under 3."""
+    return given or int(max(3, min(calls, (64 << 20) // max(size, 1))))
