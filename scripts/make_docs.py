@@ -239,8 +239,10 @@ def _ll_line() -> tuple[bool, str]:
 def _cpu_constants() -> tuple[bool, str]:
     from collectives.graph.presets import CPU_CONSTANTS
     tree, ring = CPU_CONSTANTS.base_latencies[:2]
-    return (ring == (2.5, 30.3, 23.3) and tree == (25.9, 30.3, 23.3),
-            f"Tree LL/LL128/Simple {tree[0]}/{tree[1]}/{tree[2]} us, Ring {ring[0]}/{ring[1]}/{ring[2]} us")
+    step_tree, step_ring = CPU_CONSTANTS.hw_latencies[0][:2]
+    return (ring == (2.5, 30.3, 23.3) and tree == (25.9, 30.3, 23.3) and step_ring == (1.0, 3.0, 3.0),
+            f"base Tree LL/LL128/Simple {tree[0]}/{tree[1]}/{tree[2]} us, Ring {ring[0]}/{ring[1]}/{ring[2]} us; per "
+            f"step inside a node Tree {'/'.join(map(str, step_tree))} us, Ring {'/'.join(map(str, step_ring))} us")
 
 
 def _picks(run: Run, step: str) -> str:
@@ -276,6 +278,7 @@ RING_RUN = "NCCLLAB_TRACE=$OUT/ring NCCL_ALGO=Ring NCCL_PROTO=Simple python -m c
            "-n 1 -w 0 --json $OUT/ring.json"
 CHANNELS = "python -m collectives.ring -g 2 -b 1K -e 1K -n 1 -w 0 -c 0"
 NET_RUN = "python -m collectives.ring -g 2 --nodes 2 -b 64K -e 64K -n 1 -w 0 -c 0"
+H100_LOG = "tests/data/nccl_tests_319_2x8_h100_trees.log"   # a real 2 x 8 H100 log (nccl-tests issue 319)
 HANG_ENV = "NCCLLAB_TIMEOUT=2 NCCLLAB_WARN_AFTER=1 NCCLLAB_HANG_STACKS=0"
 COLLS = {"allreduce": 2 * 3 / 4, "allgather": 3 / 4, "reducescatter": 3 / 4, "broadcast": 1.0, "reduce": 1.0}
 
@@ -383,7 +386,7 @@ CHAPTERS = [
         Step("mpi", "mpirun -n 2 python benchmarks/allreduce_vs_mpi.py -b 8 -e 16M -f 4 --json $OUT/bench.json",
              fast="mpirun -n 2 python benchmarks/allreduce_vs_mpi.py -b 8 -e 64K -f 8 --json $OUT/bench.json"),
         Step("model", "python -m collectives.tools.tune --preset cpu --gpus 2 -b 8 -e 16M -f 4 --series "
-                      "$OUT/model.json", show=grep(r"^$")),
+                      "$OUT/model.json", show=grep(r"^# AllReduce")),
         Step("curve", "python -m visualize curves $OUT/bench.json $OUT/model.json -o $OUT/curve.png "
                       "--title 'AllReduce, 2 ranks on 2 cores: ours, MPI and the model'"),
         Step("bound", "python scripts/make_docs.py --copy-bw"),
@@ -399,7 +402,7 @@ CHAPTERS = [
         Step("socket", f"NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET {NET_RUN}",
              show=grep(r"NET/Socket|Channel 00/0 : 0\[0\] -> 1\[0\]", dedup=True)),
         Step("ib", f"NCCLLAB_TRACE=$OUT/ib NCCL_NET=IB NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET {NET_RUN}",
-             show=grep(r"NET/IB", 8)),
+             show=grep(r"NET/IB : (Using|send comm|recv comm)|NET/IB/0", 6)),
         Step("ibseq", "python -m visualize ibseq $OUT/ib -o $OUT/ib-sequence"),
     ], {"ib-sequence.png": "book/06-ib-sequence.png"}, [
         Fact("between the two emulated nodes the ring goes over NET (Socket, then IB)",
@@ -427,12 +430,15 @@ CHAPTERS = [
              lambda r: (bool(m := re.search(r"NCCL WARN rank \d: AllReduce \(opCount \d+\) has made no progress "
                                             r"for 1 s.*from rank 3", r.text("skip"))), m.group(0)[:60] + " ..."
                         if m else "no such line")),
+        Fact("a frozen rank 3 is named in the first WARN: 'rank 3 (pid N) is stopped'",
+             lambda r: ("rank 3 (pid" in (w := grep("NCCL WARN", 1)(r.text("freeze"))) and "is stopped" in w,
+                        w[-40:]), only_full=True),
         Fact("python -m tracing hang names rank 3, the rank that skipped a call",
              lambda r: ((c := number(r"rank (\d+) caused the hang", r.text("report"))) == 3, f"rank {c:.0f}")),
     ]),
     Chapter("08-reading-a-log.md", [
-        Step("lines", "grep -m 2 -E 'Channel 00/16|Trees \\[0\\]' tests/data/nccl_tests_319_2x8_h100_trees.log"),
-        Step("explain", "python -m tracing explain tests/data/nccl_tests_319_2x8_h100_trees.log -o $OUT/explained"),
+        Step("lines", f"grep -m 1 'Channel 00/16' {H100_LOG}; grep -m 1 'lccn09.*\\[0\\] NCCL INFO Trees' {H100_LOG}"),
+        Step("explain", f"python -m tracing explain {H100_LOG} -o $OUT/explained"),
     ], {"explained/rings.svg": "book/08-rings.svg"}, [
         Fact("the log is 16 ranks on 2 nodes with 16 channels, 8 from the search doubled by Postset",
              lambda r: ("ranks: 16, nodes: 2" in (t := r.text("explain")) and "search channels: 8, 16" in t,

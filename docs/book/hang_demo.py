@@ -8,18 +8,19 @@ call, so after its fourth the others are still in their fifth while it works els
 with ``freeze`` it stops itself on the third, as a rank stuck in a debugger or a swapped-out process would.  The lab's deadline (``NCCLLAB_TIMEOUT``)
 ends every rank; the waits' early warning (``NCCLLAB_WARN_AFTER``) and the hang reports name the culprit.
 """
+import argparse
 import os
 import signal
-import sys
 import time
 
 import numpy as np
 
 import collectives
 
-mode = sys.argv[1] if len(sys.argv) > 1 else "skip"
-if mode not in ("skip", "freeze"):
-    sys.exit(f"hang_demo.py: unknown mode {mode!r}: use skip or freeze")
+p = argparse.ArgumentParser(prog="hang_demo.py", description=__doc__.split("\n\n")[0])
+p.add_argument("mode", choices=("skip", "freeze"), help="skip: the last rank leaves out its third call; freeze: "
+               "it stops itself (SIGSTOP) in it")
+mode = p.parse_args().mode
 with collectives.Communicator() as comm:
     culprit = comm.nranks - 1
     for call in range(5):
