@@ -291,13 +291,22 @@ def _coll_step(coll: str) -> Step:
                 f"--json $OUT/{coll}.json", show=grep(r"^\s+\d"), only_full=coll not in FAST_COLLS)
 
 
+def _chunks_step(rows: str) -> Step:
+    """The trace of RING_RUN as chunks.csv, and the rows that ``grep ROWS`` picks (seq,channel,from,...)."""
+    return Step("chunks", f"python -m tracing csv $OUT/ring -o $OUT/chunks.csv; head -1 $OUT/chunks.csv; "
+                f"grep {rows} $OUT/chunks.csv")
+
+
+def _flow_step(name: str, channel: int, out: str, title: str) -> Step:
+    flag = f" --channel {channel}" if channel else ""
+    return Step(name, f"python -m visualize flow $OUT/ring{flag} -o $OUT/{out} --title '{title}'")
+
+
 CHAPTERS = [
     Chapter("01-ring-allreduce.md", [
         Step("ring", RING_RUN, show=grep(r"^#\s+(size|\(B\))|^\s+\d|nchannels")),
-        Step("chunks", "python -m tracing csv $OUT/ring -o $OUT/chunks.csv; head -1 $OUT/chunks.csv; "
-                       "grep '^0,0,0,' $OUT/chunks.csv"),
-        Step("flow", "python -m visualize flow $OUT/ring -o $OUT/chunk-flow "
-                     "--title 'ring AllReduce, 4 ranks, channel 0: who sends which chunk'"),
+        _chunks_step("'^0,0,0,'"),
+        _flow_step("flow", 0, "chunk-flow", "ring AllReduce, 4 ranks, channel 0: who sends which chunk"),
     ], {"chunk-flow.png": "chunk-flow.png"}, [
         Fact("each rank sends 2(n-1)/n = 1.5 times the 256 KiB message (chunks.csv, every channel)",
              lambda r: (set(sent_bytes(r, "chunks.csv").values()) == {int(1.5 * 262144)},
@@ -318,10 +327,8 @@ CHAPTERS = [
              only_full=True),
         Step("min4", f"NCCL_MIN_NCHANNELS=4 NCCL_DEBUG=INFO {CHANNELS}", show=grep(r"coll channels", 1)),
         Step("ring", RING_RUN, show=grep(r"nchannels")),
-        Step("chunks", "python -m tracing csv $OUT/ring -o $OUT/chunks.csv; head -1 $OUT/chunks.csv; "
-                       "grep -m 4 '^0,1,0,' $OUT/chunks.csv"),
-        Step("flow1", "python -m visualize flow $OUT/ring --channel 1 -o $OUT/channel1-flow "
-                      "--title 'the same AllReduce, channel 1: the second half of the message'"),
+        _chunks_step("-m 4 '^0,1,0,'"),
+        _flow_step("flow1", 1, "channel1-flow", "the same AllReduce, channel 1: the second half of the message"),
     ], {"channel1-flow.png": "book/02-channel1-flow.png"}, [
         Fact("NCCL's search on dgx1-like.xml finds 6 ring channels and ncclTopoPostset doubles them to 12",
              lambda r: ((a := number(r"Pattern 4, .*nChannels (\d+)", r.text("search")),
