@@ -173,7 +173,8 @@ def first_of(choices: list[tuple[int, str]], algo: str) -> int | None:
 
 
 # --- pictures made here from a command's output --------------------------------------------------------------------
-WAIT = re.compile(r"rank (\d+) \w+ opCount \d+: channel (\d+) (\w+) step (\d+) slot \d+ waits for (\w+) from rank (\d+)")
+WAIT = re.compile(r"rank (\d+) \w+ opCount \d+: channel (\d+) (\w+) step (\d+) slot \d+ waits for (\w+) "
+                  r"from rank (\d+)")
 
 
 def wait_for_graph(run: Run, step: str, out_rel: str) -> None:
@@ -366,7 +367,8 @@ CHAPTERS = [
         Fact("on a DGX H100 the model takes LL128 for mid sizes (NVLink, cc 90: LL128 enabled)",
              lambda r: ("LL128" in _picks(r, "h100"), _picks(r, "h100"))),
         Fact("on the PCIe box (path SYS, beyond PXB) LL128 is never chosen and has no time",
-             lambda r: ("LL128" not in _picks(r, "pcie") and "-> " in r.text("pcie"), _picks(r, "pcie"))),
+             lambda r: ("LL128" not in _picks(r, "pcie") and all(row.count("-") == 2 for row in table(r.text("pcie"))),
+                        _picks(r, "pcie") + "; both LL128 columns '-' at every size")),
     ]),
     Chapter("04-ring-or-tree.md", [
         Step("one-node", "python -m collectives.tools.tune --preset cpu --gpus 4 -b 8 -e 16M -f 8", show=grep("->")),
@@ -551,8 +553,12 @@ def make(fast: bool, out: Path, only: list[str] | None = None) -> list[str]:
     """Run the chapters (``only``: those whose doc name contains one of these), check them, and unless ``fast``
     write them back with their pictures.  Returns the problems found."""
     run, problems = Run(out, fast), []
-    for ch in CHAPTERS:
-        if only and not any(o in ch.doc for o in only):
+    chosen = [ch for ch in CHAPTERS if not only or any(o in ch.doc for o in only)]
+    if not chosen:
+        return [f"--only {' '.join(only)}: no chapter matches (chapters: {', '.join(c.doc for c in CHAPTERS)})"]
+    for ch in chosen:
+        if not (DOCS / ch.doc).is_file():
+            problems.append(f"{ch.doc}: no such chapter under docs/")
             continue
         steps = [s for s in ch.steps if not (fast and s.only_full)]
         for s in steps:

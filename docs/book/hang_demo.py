@@ -1,12 +1,13 @@
 """A hang made on purpose, for the hangs chapter (docs/07-hangs.md).
 
-    python -m collectives.tools.launcher -g 4 docs/book/hang_demo.py skip     # the last rank skips the 3rd call
+    mpirun -n 4 python docs/book/hang_demo.py skip                             # the last rank skips the 3rd call
     python -m collectives.tools.launcher -g 4 docs/book/hang_demo.py freeze   # the last rank stops (SIGSTOP) in it
 
 Every rank calls AllReduce five times, except the culprit, the last rank: with ``skip`` it leaves out the third
 call, so after its fourth the others are still in their fifth while it works elsewhere, its communicator open;
-with ``freeze`` it stops itself on the third, as a rank stuck in a debugger or a swapped-out process would.  The lab's deadline (``NCCLLAB_TIMEOUT``)
-ends every rank; the waits' early warning (``NCCLLAB_WARN_AFTER``) and the hang reports name the culprit.
+with ``freeze`` it stops itself on the third, as a rank stuck in a debugger or a swapped-out process would.  The
+lab's deadline (``NCCLLAB_TIMEOUT``) ends every rank; the waits' early warning (``NCCLLAB_WARN_AFTER``) and the
+hang reports name the culprit.  This is ours: the mirror of no NCCL file, a user's program that hangs.
 """
 import argparse
 import os
