@@ -11,8 +11,10 @@ the facts its text states as numbers.  A chapter quotes an output between ``<!--
 always what the command printed.  ``<!-- facts -->`` ... ``<!-- end -->`` is replaced by the facts with the
 values this run measured.  Both modes check that every command exits as expected, that every quoted output and
 picture was produced (pictures under ``PICTURE_MAX`` bytes), and that every fact is true of the output; any
-failure is one line per problem on stderr and exit status 1.  Facts about timings are ratios with a wide margin,
-so a loaded machine does not flip them; the others are structural (channel counts, thresholds, factors).
+failure is one line per problem on stderr and exit status 1.  The facts of ``--fast`` are structural (channel
+counts, thresholds, factors, the model's choices, the culprit): tests check behaviour, not timings.  Facts about
+measured times are ratios with a wide margin, checked only by the full run, whose outputs the chapters show; on a
+machine loaded by other work LL's waits were seen to take a millisecond at every size.
 This is ours; NCCL has no such script.
 """
 from __future__ import annotations
@@ -263,6 +265,18 @@ def _switch(run: Run, step: str, frm: str, to: str) -> tuple[int | None, int | N
     return last, first
 
 
+def _median_ll_over_simple(run: Run, upto: int) -> float:
+    """The median over the sizes up to ``upto`` bytes of latency.py's LL time over its Simple time."""
+    q = sorted(float(row[1]) / float(row[3]) for row in table(run.text("latency")) if int(row[0]) <= upto)
+    return q[len(q) // 2]
+
+
+def _median_ring_over_tree(run: Run, upto: int) -> float:
+    """The median of ring_vs_tree.py's ring/tree column over the sizes up to ``upto`` bytes."""
+    q = sorted(float(row[7]) for row in table(run.text("measured")) if int(row[0]) <= upto)
+    return q[len(q) // 2]
+
+
 def _coll_factor(run: Run, coll: str, want: float) -> tuple[bool, str]:
     got = ratio_rows(run, "ring.json" if coll == "allreduce" else f"{coll}.json")
     return got == {round(want, 4)}, f"{coll}: busbw/algbw = {', '.join(map(str, sorted(got)))}"
@@ -284,7 +298,7 @@ HANG_ENV = "NCCLLAB_TIMEOUT=2 NCCLLAB_WARN_AFTER=1 NCCLLAB_HANG_STACKS=0"
 COLLS = {"allreduce": 2 * 3 / 4, "allgather": 3 / 4, "reducescatter": 3 / 4, "broadcast": 1.0, "reduce": 1.0}
 
 
-FAST_COLLS = ("allgather", "broadcast")   # one of each factor's kind; AllReduce's rows are chapter 1's ring.json
+FAST_COLLS = ("allgather",)   # AllReduce's rows are chapter 1's ring.json; the others' factors only in the full run
 
 
 def _coll_step(coll: str) -> Step:
@@ -346,20 +360,23 @@ CHAPTERS = [
     ]),
     Chapter("03-protocols.md", [
         Step("latency", "mpirun -n 2 python benchmarks/latency.py -b 8 -e 1M -f 8",
-             fast="mpirun -n 2 python benchmarks/latency.py -b 8 -e 4K -f 8 --rounds 1 -n 30"),
+             fast="mpirun -n 2 python benchmarks/latency.py -b 8 -e 4K -f 8 -n 30"),
         Step("series", "", py=lambda r: table_series(r, "latency", {"LL": 1, "LL128": 2, "Simple": 3, "MPI": 4}, 2,
                                                        "lat")),
         Step("plot", "python -m visualize curves $OUT/lat-LL.json $OUT/lat-LL128.json $OUT/lat-Simple.json "
                      "$OUT/lat-MPI.json -o $OUT/protocols.png --title 'AllReduce by protocol, 2 ranks'"),
         Step("cpu", "python -m collectives.tools.tune --preset cpu --gpus 2 -b 8 -e 1M -f 2", show=grep(r"->")),
         Step("h100", "python -m collectives.tools.tune --preset dgx-h100 -b 64K -e 256M -f 4", show=grep(r"->"),
-             fast="python -m collectives.tools.tune --preset dgx-h100 -b 64K -e 16M -f 4"),
+             fast="python -m collectives.tools.tune --preset dgx-h100 -b 64K -e 4M -f 4"),
         Step("pcie", "python -m collectives.tools.tune --preset pcie -b 64K -e 256M -f 4",
              show=grep(r"^#  +size|^#  +\(B\)|^\s+\d")),
     ], {"protocols.png": "book/03-protocols.png"}, [
-        Fact("LL's 8 B latency is below Simple's (ratio under 0.8)",
-             lambda r: ((q := float(table(r.text("latency"))[0][1]) / float(table(r.text("latency"))[0][3])) < 0.8,
-                        f"LL/Simple at 8 B = {q:.2f}")),
+        Fact("measured, LL's latency is below Simple's at small sizes (median LL/Simple over 8-512 B under 0.8)",
+             lambda r: ((q := _median_ll_over_simple(r, 512)) < 0.8, f"median LL/Simple = {q:.2f}"), only_full=True),
+        Fact("in the model, Ring/LL's latency term is below Ring/Simple's",
+             lambda r: ((a := number(r"-> Ring/LL: \w+ term dominates \(([\d.]+) us latency", r.text("cpu")))
+                        < (b := number(r"-> Ring/Simple: \w+ term dominates \(([\d.]+) us latency", r.text("cpu"))),
+                        f"{a} us against {b} us")),
         Fact("an LL line carries 8 B of data and 8 B of flags in 16 B; an LL128 line 120 B of data in 128 B",
              lambda r: _ll_line()),
         Fact("on this machine (2 ranks) the model takes Ring/LL up to 128 KiB and Ring/Simple from 256 KiB",
@@ -375,7 +392,7 @@ CHAPTERS = [
         Step("two-nodes", "python -m collectives.tools.tune --preset cpu --gpus 2 --nodes 2 -b 8 -e 16M -f 8",
              show=grep("->")),
         Step("measured", "python benchmarks/ring_vs_tree.py -g 4 --nodes 2 -b 8 -e 16M -f 8",
-             fast="python benchmarks/ring_vs_tree.py -g 4 --nodes 2 -b 8 -e 4K -f 8"),
+             fast="python benchmarks/ring_vs_tree.py -g 4 --nodes 2 -b 8 -e 512 -f 8"),
         Step("series", "", py=lambda r: table_series(r, "measured", {"Ring": 1, "Tree": 3, "MPI": 5}, 4, "rvt")),
         Step("plot", "python -m visualize curves $OUT/rvt-Ring.json $OUT/rvt-Tree.json $OUT/rvt-MPI.json "
                      "-o $OUT/ring-vs-tree.png --title 'AllReduce, 4 ranks on 2 emulated nodes: Ring against Tree'"),
@@ -388,9 +405,7 @@ CHAPTERS = [
                         and tune_choices(r.text("two-nodes"))[-1][1].startswith("Ring"), _picks(r, "two-nodes"))),
         Fact("measured across 2 emulated nodes, Tree beats Ring at small sizes (median ring/tree time over the "
              "sizes up to 32 KiB above 1)",
-             lambda r: ((q := sorted(float(row[7]) for row in table(r.text("measured")) if int(row[0]) <= 32768)
-                         [len([row for row in table(r.text("measured")) if int(row[0]) <= 32768]) // 2]) > 1,
-                        f"median ring/tree = {q:.2f}")),
+             lambda r: ((q := _median_ring_over_tree(r, 32768)) > 1, f"median ring/tree = {q:.2f}"), only_full=True),
     ]),
     Chapter("05-busbw.md", [
         Step("coll-allreduce", RING_RUN, show=grep(r"^\s+\d")),
@@ -412,14 +427,15 @@ CHAPTERS = [
     ]),
     Chapter("06-net-proxy.md", [
         Step("socket", f"NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET {NET_RUN}",
-             show=grep(r"NET/Socket|Channel 00/0 : 0\[0\] -> 1\[0\]", dedup=True)),
+             show=grep(r"NET/Socket|Channel 00/0 : 0\[0\] -> 1\[0\]", dedup=True), only_full=True),
         Step("ib", f"NCCLLAB_TRACE=$OUT/ib NCCL_NET=IB NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET {NET_RUN}",
              show=grep(r"NET/IB : (Using|send comm|recv comm)|NET/IB/0", 6)),
         Step("ibseq", "python -m visualize ibseq $OUT/ib -o $OUT/ib-sequence"),
     ], {"ib-sequence.png": "book/06-ib-sequence.png"}, [
-        Fact("between the two emulated nodes the ring goes over NET (Socket, then IB)",
-             lambda r: ("via NET/Socket/0" in r.text("socket") and "via NET/IB/0" in r.text("ib"),
-                        "via NET/Socket/0 and via NET/IB/0")),
+        Fact("between the two emulated nodes the ring goes over the socket plugin by default",
+             lambda r: ("via NET/Socket/0" in r.text("socket"), "via NET/Socket/0"), only_full=True),
+        Fact("and over NCCL's IB plugin with NCCL_NET=IB",
+             lambda r: ("via NET/IB/0" in r.text("ib"), "via NET/IB/0")),
         Fact("each IB send is one WRITE_WITH_IMM, and the receiver wrote one CTS per receive",
              lambda r: ((s := re.findall(r"(\d+) sends, \d+ data WRs \((\d+) WRITE_WITH_IMM", r.text("ib")))
                         and all(a == b for a, b in s)
@@ -560,7 +576,7 @@ def make(fast: bool, out: Path, only: list[str] | None = None) -> list[str]:
         if not (DOCS / ch.doc).is_file():
             problems.append(f"{ch.doc}: no such chapter under docs/")
             continue
-        steps = [s for s in ch.steps if not (fast and s.only_full)]
+        steps, before = [s for s in ch.steps if not (fast and s.only_full)], len(problems)
         for s in steps:
             run_step(s, run, problems, ch.doc)
         for src, dst in ch.pictures.items():
@@ -569,8 +585,6 @@ def make(fast: bool, out: Path, only: list[str] | None = None) -> list[str]:
                 problems.append(f"{ch.doc}: picture {src} was not produced")
             elif p.stat().st_size > PICTURE_MAX:
                 problems.append(f"{ch.doc}: picture {src} is {p.stat().st_size} bytes, over {PICTURE_MAX}")
-            elif not fast:
-                shutil.copyfile(p, DOCS / dst)
         facts = check_facts(ch, run, problems)
         doc = DOCS / ch.doc
         blocks = {s.name: block(s, run) for s in steps if s.name in run.outputs and not s.py}
@@ -583,8 +597,10 @@ def make(fast: bool, out: Path, only: list[str] | None = None) -> list[str]:
                 problems.append(f"{ch.doc}: does not show its picture {pic}")
         (out / ch.doc).parent.mkdir(parents=True, exist_ok=True)
         (out / ch.doc).write_text(text)
-        if not fast:
+        if not fast and len(problems) == before:  # a chapter whose run failed keeps its last good text and pictures
             doc.write_text(text)
+            for src, dst in ch.pictures.items():
+                shutil.copyfile(run.path(src), DOCS / dst)
     return problems
 
 
