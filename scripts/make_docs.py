@@ -298,7 +298,7 @@ HANG_ENV = "NCCLLAB_TIMEOUT=2 NCCLLAB_WARN_AFTER=1 NCCLLAB_HANG_STACKS=0"
 COLLS = {"allreduce": 2 * 3 / 4, "allgather": 3 / 4, "reducescatter": 3 / 4, "broadcast": 1.0, "reduce": 1.0}
 
 
-FAST_COLLS = ("allgather",)   # AllReduce's rows are chapter 1's ring.json; the others' factors only in the full run
+FAST_COLLS = ()   # AllReduce's rows are chapter 1's ring.json; the other collectives' factors only in the full run
 
 
 def _coll_step(coll: str) -> Step:
