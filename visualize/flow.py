@@ -173,12 +173,15 @@ def _ring(meta: dict, channel: int, by_rank: dict, keys: dict, mv: list, title: 
     pos = {r: j for j, r in enumerate(cols)}
     for m in mv:
         (sr, si), (dr, di) = keys[m["src"]], keys[m["dst"]]
-        attrs = _edge_attrs(m, keys, f"chunk {m['chunk']}")
+        # xlabel, not label: dot gives a label a virtual node of its own between the two rows, and routes the arrow
+        # through wherever that node lands (an arrow from rank 1 to rank 2 once detoured past rank 3); an xlabel
+        # is placed after layout, so each arrow is one straight segment between neighbouring columns
+        attrs = _edge_attrs(m, keys, f"chunk {m['chunk']}", "xlabel")
         if pos[dr] < pos[sr]:  # wrap-around: two stubs, so the arrow never crosses the figure
             g.node(f"wo{si}", f"to rank {dr} ↻", fontcolor=attrs["color"], fontsize="10", style="", **SIDE)
             g.node(f"wi{di}", f"↻ from rank {sr}", fontcolor=attrs["color"], fontsize="10", style="", **SIDE)
             g.edge(_node(sr, si), f"wo{si}", constraint="false", **attrs)
-            g.edge(f"wi{di}", _node(dr, di), constraint="false", **{**attrs, "label": ""})
+            g.edge(f"wi{di}", _node(dr, di), constraint="false", **{**attrs, "xlabel": ""})
         else:
             g.edge(_node(sr, si), _node(dr, di), constraint="false", **attrs)
     return g.source
