@@ -7,6 +7,8 @@ over connIndex-1 connectors made at a pair's first use.  p2p moves bytes, so eve
 with the sender's input; receive buffers start poisoned (0xA5) and inputs are fresh random bits.  Small FIFOs and
 a low LL threshold make a few KiB span many steps of both protocols, so FIFOs wrap round their 8 slots.
 """
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -127,7 +129,8 @@ def test_gather_and_scatter_bitwise_every_root(small_fifos, n):
             assert np.array_equal(_bits(outs[r]), _bits(x[r * count:(r + 1) * count]))
 
 
-def test_all_to_all_at_8_ranks(small_fifos):
+def test_all_to_all_gather_scatter_at_8_ranks(small_fifos):
+    """Eight ranks on one node: one schedule group of 8 (``p2pSchedGroupSize``), a round per local delta."""
     comm = ThreadComm(8, 1, DEV)
     rng = np.random.default_rng(8)
     xs = [_random(rng, 8 * 37, np.uint8) for _ in range(8)]
@@ -135,6 +138,11 @@ def test_all_to_all_at_8_ranks(small_fifos):
     for r in range(8):
         for q in range(8):
             assert np.array_equal(outs[r][q * 37:(q + 1) * 37], xs[q][r * 37:(r + 1) * 37])
+    ys = [_random(rng, 4 * 19, np.int32) for _ in range(8)]
+    assert np.array_equal(_bits(comm.gather(ys, 5)), _bits(np.concatenate(ys)))
+    x = _random(rng, 8 * 8 * 21, np.float64)
+    for r, out in enumerate(comm.scatter(x, 3)):
+        assert np.array_equal(_bits(out), _bits(x[r * 21:(r + 1) * 21]))
 
 
 @pytest.mark.parametrize("nbytes,what", [(3000, "tail"), (100, "LL flag")])
@@ -174,3 +182,51 @@ def test_connections_are_logged_at_first_use(small_fifos, capsys, monkeypatch):
         debug.reset()
     lines = [ln for ln in (err.out + err.err).splitlines() if "/1 :" in ln]
     assert len(lines) == 1 and lines[0].endswith("Channel 00/1 : 0[0] -> 2[2] via P2P/direct pointer"), lines
+
+
+_PTX = r"""
+import sys
+from numba import cuda, types
+import numba.cuda.dispatcher as dispatcher
+
+class _H200:  # device functions ask the current device for its compute capability; there is none here
+    compute_capability = (9, 0)
+
+dispatcher.get_current_device = lambda: _H200()
+from collectives.device.cuda import sendrecv as S
+A = lambda t, n: types.Array(t, n, "C")
+i64, u8 = types.int64, types.uint8
+sig = (A(i64, 1), A(i64, 4), A(i64, 2), A(u8, 2), A(u8, 2), A(u8, 2), A(types.uint64, 3), A(u8, 5),  # sendrecv.ARGS
+       A(types.uint32, 5), A(i64, 2), A(i64, 2), A(i64, 2), A(i64, 4), A(i64, 1), A(u8, 1))
+ptx, _ = cuda.compile_ptx(S.get_kernel().py_func, sig, cc=(9, 0))
+open(sys.argv[1] + "/SendRecv.ptx", "w").write(ptx)
+print("{}")
+"""
+
+
+def test_sendrecv_kernel_lowers_for_sm90_with_nccls_polling(tmp_path):
+    """The real-GPU side, without a GPU (as tests/test_gpu_ptx.py checks the collectives' kernels): the SendRecv
+    kernel, Simple and LL inlined, lowers to PTX for sm_90; its spin loops poll with volatile or relaxed loads
+    only, its one atomic is the abort record's claim, its groups meet at named barriers (no block-wide
+    ``__syncthreads``), and every publication follows a system-scope fence."""
+    from test_gpu_ptx import _cuda_home, _memory_ops, _run, _spin_loops
+    if _cuda_home() is None:
+        pytest.skip("no CUDA toolkit with NVVM here")
+    _run(_PTX, str(tmp_path), cache_dir=tmp_path / "cache")
+    lines = (tmp_path / "SendRecv.ptx").read_text().splitlines()
+    assert any(".target sm_90" in x for x in lines) and any("%globaltimer" in x for x in lines)
+    spins = _spin_loops(lines)
+    assert len(spins) >= 4, spins  # Simple's tail and head waits, LL's credit wait and line reads
+    for first, last in spins:
+        bad = [op for op in _memory_ops(lines[first:last + 1]) if not op.startswith(("ld.volatile.global",
+                                                                                      "ld.relaxed."))]
+        assert not bad, f"spin loop at PTX lines {first}-{last} does {bad}"
+    atoms = {m.group(0) for x in lines for m in re.finditer(r"(?<![\w.])(atom|red)\.[\w.]+", x)}
+    assert atoms == {"atom.global.cas.b64"}, atoms
+    assert any("barrier.red.or.pred" in x for x in lines)
+    assert not any(re.search(r"\b(bar|barrier)\.sync\s+0\b", x) for x in lines)
+    for i in [i for i, x in enumerate(lines) if "st.relaxed.sys.global" in x]:
+        j = i - 1
+        while j >= 0 and not re.search(r"\b(ld|st|atom|fence|membar)\.", lines[j]):
+            j -= 1
+        assert "fence.acq_rel.sys" in lines[j], f"publication at PTX line {i} follows {lines[j].strip()!r}"
