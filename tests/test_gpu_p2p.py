@@ -184,19 +184,11 @@ def test_connections_are_logged_at_first_use(small_fifos, capsys, monkeypatch):
     assert len(lines) == 1 and lines[0].endswith("Channel 00/1 : 0[0] -> 2[2] via P2P/direct pointer"), lines
 
 
+# after test_gpu_ptx.py's prelude (a stand-in H200 for the compute capability, the array types)
 _PTX = r"""
-import sys
-from numba import cuda, types
-import numba.cuda.dispatcher as dispatcher
-
-class _H200:  # device functions ask the current device for its compute capability; there is none here
-    compute_capability = (9, 0)
-
-dispatcher.get_current_device = lambda: _H200()
 from collectives.device.cuda import sendrecv as S
-A = lambda t, n: types.Array(t, n, "C")
-i64, u8 = types.int64, types.uint8
-sig = (A(i64, 1), A(i64, 4), A(i64, 2), A(u8, 2), A(u8, 2), A(u8, 2), A(types.uint64, 3), A(u8, 5),  # sendrecv.ARGS
+u8 = types.uint8
+sig = (A(i64, 1), A(i64, 4), A(i64, 2), A(u8, 2), A(u8, 2), A(u8, 2), A(u64, 3), A(u8, 5),  # sendrecv.ARGS
        A(types.uint32, 5), A(i64, 2), A(i64, 2), A(i64, 2), A(i64, 4), A(i64, 1), A(u8, 1))
 ptx, _ = cuda.compile_ptx(S.get_kernel().py_func, sig, cc=(9, 0))
 open(sys.argv[1] + "/SendRecv.ptx", "w").write(ptx)
@@ -209,10 +201,10 @@ def test_sendrecv_kernel_lowers_for_sm90_with_nccls_polling(tmp_path):
     kernel, Simple and LL inlined, lowers to PTX for sm_90; its spin loops poll with volatile or relaxed loads
     only, its one atomic is the abort record's claim, its groups meet at named barriers (no block-wide
     ``__syncthreads``), and every publication follows a system-scope fence."""
-    from test_gpu_ptx import _cuda_home, _memory_ops, _run, _spin_loops
+    from test_gpu_ptx import _PRELUDE, _cuda_home, _memory_ops, _run, _spin_loops
     if _cuda_home() is None:
         pytest.skip("no CUDA toolkit with NVVM here")
-    _run(_PTX, str(tmp_path), cache_dir=tmp_path / "cache")
+    _run(_PRELUDE + _PTX, str(tmp_path), cache_dir=tmp_path / "cache")
     lines = (tmp_path / "SendRecv.ptx").read_text().splitlines()
     assert any(".target sm_90" in x for x in lines) and any("%globaltimer" in x for x in lines)
     spins = _spin_loops(lines)
