@@ -160,6 +160,18 @@ def test_recv_from_a_peer_that_never_posts_fails_in_one_line(small_fifos, monkey
                    f"waiting for {what} from rank 1 (recv)")
 
 
+def test_send_to_a_peer_that_never_posts_fails_in_one_line(small_fifos, monkeypatch):
+    """A Simple send of 10 steps to a rank that never runs: the first NCCL_STEPS fill the FIFO, the 9th waits for
+    credit (head) until its deadline."""
+    monkeypatch.setenv("NCCLLAB_TIMEOUT", "1")
+    comm = ThreadComm(2, 1, DEV)
+    ops = [[("send", np.zeros(5000, np.uint8), 1)], [("recv", _poisoned(5000), 0)]]
+    with pytest.raises(CollectiveError) as err:
+        comm.run_p2p(ops, absent=(1,))
+    assert str(err.value) == ("rank 0: SendRecv (opCount 0) made no progress for 1 s (NCCLLAB_TIMEOUT): channel 0 "
+                              "step 8 waiting for head from rank 1 (send credit)")
+
+
 def test_unmatched_self_send_is_refused(small_fifos):
     comm = ThreadComm(2, 1, DEV)
     with pytest.raises(ValueError, match="to itself without a matching recv"):
