@@ -172,10 +172,14 @@ def test_send_to_a_peer_that_never_posts_fails_in_one_line(small_fifos, monkeypa
                               "step 8 waiting for head from rank 1 (send credit)")
 
 
-def test_unmatched_self_send_is_refused(small_fifos):
+def test_unmatched_self_send_and_a_block_too_small_are_refused(small_fifos, monkeypatch):
     comm = ThreadComm(2, 1, DEV)
     with pytest.raises(ValueError, match="to itself without a matching recv"):
         comm.run_p2p([[("send", np.zeros(4, np.uint8), 0)], []])
+    monkeypatch.setenv("NCCLLAB_SIM_THREADS", "1")
+    comm = ThreadComm(2, 1, DEV)
+    with pytest.raises(ValueError, match="NCCLLAB_SIM_THREADS must be at least 2"):
+        comm.run_p2p([[("send", np.zeros(4, np.uint8), 1)], [("recv", np.zeros(4, np.uint8), 0)]])
 
 
 def test_connections_are_logged_at_first_use(small_fifos, capsys, monkeypatch):

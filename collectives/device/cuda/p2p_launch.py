@@ -139,10 +139,13 @@ def launch(tc, ops_per_rank: list[list], absent: tuple = ()) -> list[list[DevWor
         return works
     nch = tc.p2p_channels.n_channels
     nth = tc.nthreads or NCCL_MAX_NTHREADS  # scheduleP2pTasksToPlan: NCCL_MAX_NTHREADS per block
+    if nth // (1 if SIMULATED else WARP_SIZE) < 2:  # a work's send and recv halves need a warp each
+        raise ValueError(f"SendRecv: {nth} threads per block leave a work's send or receive no warp "
+                         f"(NCCLLAB_SIM_THREADS must be at least 2)")
     mem = tc.p2p_memory(nch)
     pool = tc.p2p.pool
     prm = np.array([n, int(timeout_s() * 1e9), nth, 0, nch, sum(1 << r for r in absent),
-                    1 if SIMULATED else WARP_SIZE], np.int64)
+                    1 if SIMULATED else WARP_SIZE], np.int64)  # the simulator plays a warp per thread
     inp, out = d.to_device(table.inp), d.to_device(table.out)
     args = [d.to_device(table.works), d.to_device(table.nworks), inp, out, pool["fifo_s"], pool["fifo_ll"],
             mem.stage, mem.stage.view(np.uint32), pool["ctrl"], pool["steps"], tc.p2p.conns, mem.bars,
