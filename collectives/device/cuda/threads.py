@@ -14,6 +14,9 @@ blocks of a launch must all be resident (``device/cuda/occupancy.py``); either i
 The kernel modules are imported once the device is chosen (numba decides at its first import whether it is the
 simulator), so ``ThreadComm(2, 1, "cudasim")`` works in a process that never set ``NUMBA_ENABLE_CUDASIM``.
 The transport that selects P2P and prints NCCL's ``via P2P/...`` lines is the later ``transports/p2p.py``.
+Point-to-point: ``run_p2p`` (and ``all_to_all``, ``gather``, ``scatter`` on it) launches every rank's group of
+sends and receives as one SendRecv kernel (``p2p_launch.py``, ``sendrecv.py``) over connIndex-1 connectors made
+at each pair's first use (``p2p_conns.py``).
 """
 from __future__ import annotations
 
@@ -27,7 +30,6 @@ from ..common import CollectiveError
 from collectives.graph.rings import ring_orders
 from collectives.graph.trees import channel_trees
 from collectives.misc.param import env_int, timeout_s
-
 from collectives.p2p_schedule import p2p_channels, p2p_schedule
 
 from ..backend import Device, get_device
