@@ -46,9 +46,10 @@ def use_read() -> bool:
     return env_int("NCCL_P2P_READ_ENABLE", -2) == 1
 
 
-def log_connection(channel: int, me: int, my_dev: int, peer: int, peer_dev: int, path: str) -> None:
-    """``p2pSendSetup``'s INFO line, printed by the sending side."""
-    debug.info("INIT|P2P", f"Channel {channel:02d}/0 : {me}[{my_dev}] -> {peer}[{peer_dev}] via P2P/{path}"
+def log_connection(channel: int, me: int, my_dev: int, peer: int, peer_dev: int, path: str,
+                   conn_index: int = 0) -> None:
+    """``p2pSendSetup``'s INFO line, printed by the sending side (``conn_index`` 1: a point-to-point connector)."""
+    debug.info("INIT|P2P", f"Channel {channel:02d}/{conn_index} : {me}[{my_dev}] -> {peer}[{peer_dev}] via P2P/{path}"
                            f"{'/read' if use_read() else ''}")
 
 

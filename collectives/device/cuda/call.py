@@ -97,11 +97,13 @@ def kernel_args(call: Call, mem, pool: dict, inp, out, to_device) -> list:
             to_device(call.scal)]
 
 
-def abort_line(func: str, op_count: int, abort) -> str:
+def abort_line(func: str, op_count: int, abort, groups: dict | None = None) -> str:
     """The one-line error of a wait that ran past its deadline: ``abort`` is ``[1, rank, channel, step, peer,
-    what, group, claimed]`` as ``sync.wait_ge`` wrote it."""
+    what, group, claimed]`` as ``sync.wait_ge`` wrote it; ``groups`` names the thread groups (the collectives'
+    by default; SendRecv's need none: the wait says which side it is)."""
     rank, ch, step, peer, what, group = (int(v) for v in abort[1:7])
+    label = (GROUP_NAMES if groups is None else groups).get(group, "")
     side = (f"head from rank {peer} (send credit)" if what == 1 else
             f"{WHAT_NAMES[what]} from rank {peer} (recv)")
     return (f"rank {rank}: {func} (opCount {op_count}) made no progress for {timeout_s():g} s "
-            f"(NCCLLAB_TIMEOUT): channel {ch}{GROUP_NAMES.get(group, '')} step {step} waiting for {side}")
+            f"(NCCLLAB_TIMEOUT): channel {ch}{label} step {step} waiting for {side}")

@@ -117,11 +117,24 @@ class LaunchMemory:
 def launch_memory(dev, tables: Tables, nranks_here: int, nchannels: int, buff_sizes: dict,
                   warps: int = 20) -> LaunchMemory:
     """``warps``: LL128's warps per block (NCCL's 640 threads: 20; the simulator plays a warp per thread)."""
-    ll_data = buff_sizes["LL"] // NCCL_STEPS // 2
+    st = staging(dev, nranks_here, nchannels, buff_sizes)
     return LaunchMemory(dev.to_device(tables.ring), dev.to_device(tables.tree), dev.to_device(tables.conns),
-                        dev.zeros((nranks_here, nchannels, 3, 4, ll_data), np.uint8),
-                        dev.zeros((nranks_here, nchannels, 4, max(1, warps), 32, 64), np.uint8),
-                        dev.zeros((nranks_here, nchannels, 3, 2), np.int64))
+                        st.stage, dev.zeros((nranks_here, nchannels, 4, max(1, warps), 32, 64), np.uint8), st.bars)
+
+
+@dataclass
+class Staging:
+    """LL staging (``LaunchMemory.stage``) and the simulator's barriers (``LaunchMemory.bars``) of a launch."""
+    stage: object
+    bars: object
+
+
+def staging(dev, nranks_here: int, nchannels: int, buff_sizes: dict) -> Staging:
+    """LL's staging (3 thread groups, 3 recv peers + the send slot, a slot's data bytes) and 3 groups' barriers
+    per rank and channel: what the SendRecv kernel needs of ``launch_memory``."""
+    ll_data = buff_sizes["LL"] // NCCL_STEPS // 2
+    return Staging(dev.zeros((nranks_here, nchannels, 3, 4, ll_data), np.uint8),
+                   dev.zeros((nranks_here, nchannels, 3, 2), np.int64))
 
 
 def pool_layout(nconn: int, buff_sizes: dict) -> PoolLayout:

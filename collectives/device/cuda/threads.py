@@ -14,6 +14,9 @@ blocks of a launch must all be resident (``device/cuda/occupancy.py``); either i
 The kernel modules are imported once the device is chosen (numba decides at its first import whether it is the
 simulator), so ``ThreadComm(2, 1, "cudasim")`` works in a process that never set ``NUMBA_ENABLE_CUDASIM``.
 The transport that selects P2P and prints NCCL's ``via P2P/...`` lines is the later ``transports/p2p.py``.
+Point-to-point: ``run_p2p`` (and ``all_to_all``, ``gather``, ``scatter`` on it) launches every rank's group of
+sends and receives as one SendRecv kernel (``p2p_launch.py``, ``sendrecv.py``) over connIndex-1 connectors made
+at each pair's first use (``p2p_conns.py``).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from ..common import CollectiveError
 from collectives.graph.rings import ring_orders
 from collectives.graph.trees import channel_trees
 from collectives.misc.param import env_int, timeout_s
+from collectives.p2p_schedule import p2p_channels, p2p_schedule
 
 from ..backend import Device, get_device
 from .rank import block_threads
@@ -51,8 +55,15 @@ class ThreadComm:
         self.op_count = 0
         self.buff = buffer_sizes()
         self.rings = ring_orders(nranks, nchannels, rings, node_of)
-        self.trees = channel_trees(self.rings, node_of or [0] * nranks)[:nchannels]
+        self.node_of = node_of or [0] * nranks
+        self.trees = channel_trees(self.rings, self.node_of)[:nchannels]
         self._connect()
+        # point-to-point (init.cc's p2pSchedule and p2p channels, as the communicator computes them); the
+        # connIndex-1 connectors come at each pair's first use (run_p2p)
+        self.p2p_channels = p2p_channels(nchannels, self.node_of, self.buff["Simple"])
+        self.p2p_schedules = [p2p_schedule(r, self.node_of) for r in range(nranks)]
+        self.p2p = None
+        self._p2p_mem = None
 
     # --- connection memory (NCCL: p2pSendSetup / p2pRecvSetup allocate it, the peers exchange pointers) ---
     def _connect(self) -> None:
@@ -106,24 +117,51 @@ class ThreadComm:
         launch.args = kernel_args(call, self.mem, self.pool, inp, out, d.to_device)
         return launch
 
+    # --- point-to-point (device/cuda/p2p_launch.py) ---
+    def run_p2p(self, ops_per_rank: list[list], absent: tuple = ()) -> list:
+        """Each rank's group of ``("send" | "recv", numpy array, peer)`` ops as one SendRecv launch; receive
+        buffers are written in place.  Returns each rank's ``DevWorkP2p`` list (the plan that ran)."""
+        from collectives.device.cuda import p2p_launch
+        if self.p2p is None:
+            from collectives.device.cuda.p2p_conns import P2pConnectors
+            self.p2p = P2pConnectors(self.dev, self.buff)
+        return p2p_launch.launch(self, ops_per_rank, absent)
+
+    def all_to_all(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """``ncclAlltoAll`` over every rank's input (``n * count`` elements); each rank's output."""
+        from collectives.device.cuda.p2p_launch import all_to_all_ops
+        ops, outs = all_to_all_ops(inputs)
+        self.run_p2p(ops)
+        return outs
+
+    def gather(self, inputs: list[np.ndarray], root: int) -> np.ndarray:
+        """``ncclGather``: the root's output, rank r's input at block r."""
+        from collectives.device.cuda.p2p_launch import gather_ops
+        ops, out = gather_ops(inputs, root)
+        self.run_p2p(ops)
+        return out
+
+    def scatter(self, x: np.ndarray, root: int) -> list[np.ndarray]:
+        """``ncclScatter`` of the root's ``x`` (``n * count`` elements); each rank's block."""
+        from collectives.device.cuda.p2p_launch import scatter_ops
+        ops, outs = scatter_ops(x, root, self.n)
+        self.run_p2p(ops)
+        return outs
+
+    def p2p_memory(self, nchannels: int):
+        """The LL staging and barriers of a SendRecv launch (every rank, ``nchannels`` p2p channels), made once."""
+        if self._p2p_mem is None:
+            from collectives.device.cuda.layout import staging
+            self._p2p_mem = staging(self.dev, self.n, nchannels, self.buff)
+        return self._p2p_mem
+
     def rank_args(self, launch: "Launch") -> list:  # pragma: no cover - needs a GPU
         """Each rank's stream and kernel arguments (its own rows of the per-rank arrays), made once per prepared
         collective, so that a timing loop measures the kernels, not the setup; the residency check runs here."""
         if launch.per_rank is None:
-            from numba import cuda
             from collectives.device.cuda import kernel as K
             from collectives.device.cuda.occupancy import check_launch
-            d = self.dev
-            local = {K.ARGS.index(a) - 1 for a in K.PER_RANK_ARGS}  # launch.args omits prm
-            per_rank = []
-            for r in range(self.n):
-                stream = d.stream()
-                p = launch.prm.copy()
-                p[K.RANK_LO] = r
-                args = [x[r:r + 1] if i in local else x for i, x in enumerate(launch.args)]
-                args = [cuda.as_cuda_array(x, sync=False) for x in [d.to_device(p), *args]]
-                per_rank.append((stream, cuda.external_stream(stream.raw.ptr), args))
-            d.synchronize()  # the parameter copies above, before any rank's stream uses them
+            per_rank = per_rank_args(self.dev, self.n, launch.prm, launch.args, K.RANK_LO, K.ARGS, K.PER_RANK_ARGS)
             launch.residency = check_launch(launch.kernel, per_rank[0][2], self.n * launch.nch, launch.nthreads,
                                             f"{self.n} ranks as threads")
             launch.per_rank = per_rank
@@ -132,9 +170,13 @@ class ThreadComm:
     def _launch_threads(self, launch: "Launch", reps: int = 1, events=None) -> None:  # pragma: no cover - needs a GPU
         """One host thread per rank, each launching its rank's kernel ``reps`` times on its own stream (with
         ``events[r][i]``, a pair of CUDA events around launch ``i``, when timing)."""
+        self.launch_ranks(launch.kernel, launch.nch, launch.nthreads, self.rank_args(launch), reps, events)
+
+    def launch_ranks(self, kernel, nch: int, nthreads: int, per_rank: list, reps: int = 1,
+                     events=None) -> None:  # pragma: no cover - needs a GPU
+        """``per_rank[r]``: rank r's (stream, numba stream, kernel arguments)."""
         from numba import cuda
         d = self.dev
-        per_rank = self.rank_args(launch)
         errors = []
         gpu = d.cp.cuda.runtime.getDevice()  # a new thread has no current device: give it this one
 
@@ -146,7 +188,7 @@ class ThreadComm:
                 for i in range(reps):
                     if events is not None:
                         events[r][i][0].record(stream.raw)
-                    launch.kernel[launch.nch, launch.nthreads, nstream](*args)
+                    kernel[nch, nthreads, nstream](*args)
                     if events is not None:
                         events[r][i][1].record(stream.raw)
                 stream.synchronize()
@@ -162,6 +204,24 @@ class ThreadComm:
                 raise CollectiveError("a rank's kernel did not return after its deadline (the card may be hung)")
         if errors:
             raise CollectiveError(errors[0])
+
+
+def per_rank_args(dev, nranks: int, prm, args: list, rank_lo: int, names: tuple,
+                  per_rank_names: tuple) -> list:  # pragma: no cover - needs a GPU
+    """Each rank's (stream, numba stream, kernel arguments): ``prm`` with ``prm[rank_lo] = r`` and rank r's own
+    rows of the arguments ``per_rank_names`` names (``names``: every argument in order, ``prm`` first)."""
+    from numba import cuda
+    local = {names.index(a) - 1 for a in per_rank_names}  # args omits prm
+    out = []
+    for r in range(nranks):
+        stream = dev.stream()
+        p = prm.copy()
+        p[rank_lo] = r
+        rank_args = [x[r:r + 1] if i in local else x for i, x in enumerate(args)]
+        rank_args = [cuda.as_cuda_array(x, sync=False) for x in [dev.to_device(p), *rank_args]]
+        out.append((stream, cuda.external_stream(stream.raw.ptr), rank_args))
+    dev.synchronize()  # the parameter copies above, before any rank's stream uses them
+    return out
 
 
 class Launch:
