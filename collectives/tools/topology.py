@@ -23,7 +23,7 @@ import argparse
 import sys
 
 from collectives.graph.connect import channel_lines, rank_lines, tree_lines
-from collectives.graph.init_cluster import ClusterResult, cluster_log, run_cluster
+from collectives.graph.init_cluster import ClusterResult, cluster_connections, cluster_log, run_cluster
 from collectives.graph.init_topo import TopoResult, run_topology
 from collectives.graph.search import PATTERN_NAMES
 from collectives.graph.topo_xml import StandIns, TopoError, dump_xml
@@ -58,10 +58,15 @@ def render(r: TopoResult, brief: bool = False, ranks: list[int] | None = None) -
     return out + summary(r)
 
 
+CONNECT_NOTE = ("# the Channel NN/0 connection lines: NCCL prints them at init with NCCL_RUNTIME_CONNECT=0, else "
+                "when the first collective needs the ring (or the tree)")
+
+
 def render_cluster(r: ClusterResult) -> list[str]:
     """Every line ``main`` prints for ``--nodes K``: the stand-in notes, then every rank's INFO lines as
-    ``node<n> [<local rank>] NCCL INFO ...``."""
-    return [f"# {note}" for note in r.nodes[0].stand_in_notes] + cluster_log(r)
+    ``node<n> [<local rank>] NCCL INFO ...``, each rank's ring and tree connection lines after its Trees line."""
+    return ([f"# {note}" for note in r.nodes[0].stand_in_notes] + cluster_log(r, cluster_connections(r))
+            + [CONNECT_NOTE])
 
 
 def main(argv=None) -> int:
