@@ -273,6 +273,7 @@ def compute_paths(system: System) -> None:
     for nodes in system.nodes:
         for n in nodes:
             n.paths = {}
+    system.pxn_routes = []
     for t in (CPU, DEV, GPU, NET, NVS):
         for node in system.nodes[t]:
             set_paths(node, system)
@@ -304,7 +305,14 @@ def compute_paths(system: System) -> None:
                             and peer.paths[GPU][g].type <= PATH_NVL
                             and (peer.paths[NET][n].bw > gpu.paths[NET][n].bw
                                  or gpu.paths[NET][n].type > PATH_PXN)):
+                        mine = gpu.paths[NET][n]
+                        why = (f"{PATH_TYPES[mine.type]} path through the CPU" if mine.type > PATH_PXN else
+                               f"{mine.bw:g} GB/s {PATH_TYPES[mine.type]} path")
                         add_inter_step(system, GPU, peer_i, GPU, g, NET, n)
+                        system.pxn_routes.append(
+                            f"GPU rank {gpu.rank} -> NET/{net.dev}: PXN through rank {peer.rank}, the NIC's own "
+                            f"GPU ({PATH_TYPES[peer.paths[NET][n].type]}, {peer.paths[NET][n].bw:g} GB/s, GDR; "
+                            f"NVLink to us), instead of our {why}")
             if gpu.paths[NET][n].type < PATH_PHB and not check_gdr(system, gpu.rank, n, False):
                 c = local_cpu(system, g)
                 add_inter_step(system, CPU, c, NET, n, GPU, g)

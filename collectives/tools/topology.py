@@ -20,6 +20,7 @@ NVSwitch), and every PCI node of class 0x02xxxx counts as an IB NIC unless ``--n
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from collectives.graph.connect import channel_lines, rank_lines, tree_lines
@@ -69,6 +70,28 @@ def render_cluster(r: ClusterResult) -> list[str]:
             + [CONNECT_NOTE])
 
 
+def explain_cluster(r: ClusterResult) -> list[str]:
+    """``--explain`` with ``--nodes``: node 0's search as it ran (``# search:`` lines, each attempt and the step
+    that followed it; every node searches the same XML the same way), the PXN routes ``ncclTopoComputePaths``
+    made and why (``# pxn:``), and which connections use them (``# pxn: ... used by``)."""
+    res = r.nodes[0]
+    out = [f"# search: node 0 ({len(r.nodes)} identical nodes search the same system; graphs aligned over all "
+           f"ranks: ring crossNic {r.aligned[0].cross_nic}, tree pattern {r.channels[0].tree_pattern})"]
+    out += [f"# search: {line}" for line in res.search_trace]
+    routes = res.system.pxn_routes
+    out += [f"# pxn: {line}" for line in routes] or ["# pxn: no PXN path on this node (NCCL_PXN_DISABLE=1, or "
+                                                     "every GPU reaches each NIC as well by itself)"]
+    used = [line for lines in cluster_connections(r)[:r.local_ranks] for line in lines
+            if re.search(r"\[send\] via NET/\w+/\d+\(\d+\)", line)]
+    if used:
+        out.append(f"# pxn: used by {len(used)} of node 0's sends (the channel's graph end is a NIC whose own GPU "
+                   f"is another rank, whose proxy then drives it), e.g. {used[0]}")
+    elif routes:
+        out.append("# pxn: no ring or tree send of node 0 uses them: every channel's graph ends at a NIC of "
+                   "the GPU that sends")
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m collectives.tools.topology", description=__doc__.split("\n")[0])
     p.add_argument("xml", help="topology XML (NCCL_TOPO_FILE / NCCL_TOPO_DUMP_FILE format)")
@@ -82,17 +105,19 @@ def main(argv=None) -> int:
     p.add_argument("--no-nics", action="store_true", help="no net plugin devices (NICs are trimmed)")
     p.add_argument("--nvls", action="store_true", help="also search the NVLS graph")
     p.add_argument("--brief", action="store_true", help="only System, Pattern, channel, Channel and Trees lines")
-    p.add_argument("--explain", action="store_true", help="also print every search attempt (# search: lines)")
+    p.add_argument("--explain", action="store_true", help="also print every search attempt and the step after it "
+                   "(# search: lines); with --nodes also why PXN paths exist and which sends use them (# pxn:)")
     p.add_argument("--dump-xml", metavar="FILE", help="write the fused XML NCCL would dump (NCCL_TOPO_DUMP_FILE)")
     a = p.parse_args(argv)
     stand = StandIns(sm=a.sm, nvlinks=a.nvlinks, nics=not a.no_nics, nic_speed=a.nic_speed)
     if a.nodes != 1:
-        if a.brief or a.explain or a.nvls or a.dump_xml:
-            print("python -m collectives.tools.topology: --brief, --explain, --nvls and --dump-xml are one-node "
+        if a.brief or a.nvls or a.dump_xml:
+            print("python -m collectives.tools.topology: --brief, --nvls and --dump-xml are one-node "
                   "options (not with --nodes)", file=sys.stderr)
             return 2
         try:
-            lines = render_cluster(run_cluster(a.xml, a.nodes, a.nranks, stand))
+            c = run_cluster(a.xml, a.nodes, a.nranks, stand)
+            lines = render_cluster(c) + (explain_cluster(c) if a.explain else [])
         except (TopoError, NotImplementedError, ValueError) as e:
             print(f"python -m collectives.tools.topology: {e}", file=sys.stderr)
             return 2
