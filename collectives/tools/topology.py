@@ -11,7 +11,9 @@ PCI order, and prints NCCL's INFO lines: ``=== System ...`` with the node tree a
 ``Channel NN/MM :`` rings and every rank's ``Ring NN`` and ``Trees`` lines.  Lines are ``[rank] NCCL INFO ...``
 (NCCL's ``host:pid:tid`` prefix dropped); lines starting with ``#`` are ours.  With ``--nodes K``
 (``collectives.graph.init_cluster``): K identical nodes, ranks node-major, NETs at both ends of every channel, and
-every rank's lines as ``node<n> [<local rank>] NCCL INFO ...``.
+every rank's lines as ``node<n> [<local rank>] NCCL INFO ...``, each rank's ring and tree connections (transport,
+NIC, PXN proxy, GDR: ``collectives.graph.transport_select``) after its ``Trees`` line; ``--explain`` adds node 0's
+search steps (``# search:``) and its PXN routes (``# pxn:``).
 
 Bare files (GPUs and NICs as plain PCI nodes, like the Azure files published for NCCL_TOPO_FILE) need stand-ins
 for what NCCL asks NVML and the net plugin: ``--sm``, ``--nvlinks`` (default: NCCL's per-SM maximum, all to one
