@@ -5,11 +5,8 @@ set -euo pipefail
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-# A traced 4-rank ring AllReduce on 2 emulated nodes (NET between them, SHM inside), 2 rings (4 channels after
-# Postset doubling), a non-identity ring on channel 1.
-NCCLLAB_TRACE="$TMP/trace" NCCLLAB_RINGS="0 1 2 3|0 2 1 3" NCCL_ALGO=Ring \
-  python -m collectives.ring -g 4 --nodes 2 -b 256K -e 256K -n 1 -w 0 >/dev/null
-python -m visualize topology "$TMP/trace" -o "$TMP/topology"
+# Two NDv5 nodes from the multi-node search: their NICs and ring channel 0 across them (docs/cluster.md).
+python -m visualize topo topologies/azure-ndv5-topo.xml --sm 90 --nodes 2 -o "$TMP/topology"
 # The trees NCCL builds for 4 nodes x 2 ranks, from a traced tree AllReduce (edges carry their transports).
 NCCLLAB_TRACE="$TMP/tree" python -m collectives.tree -g 8 --nodes 4 -b 1M -e 1M -n 1 -w 0 -c 0 >/dev/null
 python -m visualize trees "$TMP/tree" -o "$TMP/trees" --title "double binary tree, 4 nodes x 2 ranks (BALANCED_TREE)"

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from collectives.graph.init_cluster import cluster_log, run_cluster
+from collectives.graph.topo import PATH_TYPES
 from collectives.graph.topo_xml import StandIns
 from collectives.graph.trees import connect_trees, trees_log_line
 from conftest import FIXTURES, ROOT
@@ -194,3 +195,72 @@ def test_topo_search_is_bounded_by_the_node_count(tmp_path, monkeypatch):
     path.write_text(synthetic(2, 2, [[[0, 1], [2, 3]]], "TREE"))
     rep = report(tmp_path, path, topo=str(NDV5), sm=90)
     assert "not run: 2 nodes, more than 1 searches" in rep
+
+
+# --- python -m collectives.tools.topology XML --nodes K --explain: the multi-node search's own record ---------
+
+ATTEMPT = re.compile(r"# search: Id (\d) Pattern (\d), crossNic (\d), Bw ([\d.]+)/([\d.]+), type (\w+)/(\w+),")
+
+
+@functools.lru_cache(maxsize=None)
+def explained():
+    from collectives.tools.topology import explain_cluster
+    r = run_cluster(str(NDV5), 2, 2, StandIns(sm=90))
+    return r, explain_cluster(r)
+
+
+def test_cluster_explain_records_each_attempt_and_the_step_after_it():
+    """Every attempt is followed by what ncclTopoCompute did next; each relaxation named is the change the next
+    attempt shows (typeInter, crossNic, speed, the sm90 BALANCED_TREE -> TREE retry)."""
+    r, lines = explained()
+    search = [x for x in lines if x.startswith("# search: ")][1:]
+    attempts = [(i, ATTEMPT.match(x)) for i, x in enumerate(search) if ATTEMPT.match(x)]
+    assert len(attempts) > 20
+    for (i, a), (j, b) in zip(attempts, attempts[1:]):
+        steps = search[i + 1:j]
+        assert steps and all(x.startswith(("# search:   -> ", "# search: Dup:")) for x in steps)
+        said = " ".join(steps)
+        if PATH_TYPES.index(b.group(6)) == PATH_TYPES.index(a.group(6)) + 1 and a.group(1) == b.group(1):
+            assert f"typeInter {a.group(6)} -> {b.group(6)}" in said
+        if a.group(3) == "0" and b.group(3) == "2":
+            assert "crossNic 2: NCCL_CROSS_NIC=2" in said
+        if a.group(2) == "1" and b.group(2) == "3":
+            assert "on sm 90 >= 90 a BALANCED_TREE attempt is retried as TREE" in said
+        if a.group(1) == b.group(1) and float(b.group(4)) < float(a.group(4)):
+            assert f"speed {a.group(4)} -> {b.group(4)} GB/s" in said
+    # the start: the speed array the multi-node search uses on sm 90
+    assert "speedArrayInter for sm 90 (48 45 42 40 30 24" in search[0]
+
+
+def test_cluster_explain_result_lines_are_the_graphs():
+    """Each graph's closing ``result`` line names the searched graph's channels, pattern and crossNic, and the
+    typeInter PXN step comes before any attempt that allows PXN paths."""
+    r, lines = explained()
+    results = [x for x in lines if "-> result:" in x]
+    for graph, line in zip((r.rings[0], r.trees[0]), results):
+        assert f"result: {graph.n_channels} x " in line and f"pattern {graph.pattern}, crossNic {graph.cross_nic}:" \
+            in line
+    first_pxn = next(i for i, x in enumerate(lines) if ATTEMPT.match(x) and ATTEMPT.match(x).group(6) == "PXN")
+    assert any("typeInter P2C -> PXN" in x for x in lines[:first_pxn])
+
+
+def test_cluster_explain_says_why_pxn_and_who_uses_it():
+    """The PXN routes ncclTopoComputePaths made (each: GPU, NIC, relay rank, why) cover every proxied send in the
+    ranks' connection lines."""
+    from collectives.graph.init_cluster import cluster_connections
+    r, lines = explained()
+    routes = [x for x in lines if x.startswith("# pxn: GPU rank")]
+    assert routes and all("the NIC's own GPU" in x for x in routes)
+    for line in cluster_connections(r)[0] + cluster_connections(r)[1]:
+        m = re.search(r": (\d+)\[\d+\] -> \d+\[\d+\] \[send\] via NET/IB/(\d+)\((\d+)\)", line)
+        if m:
+            assert f"# pxn: GPU rank {m.group(1)} -> NET/{m.group(2)}: PXN through rank {m.group(3)}," in \
+                " ".join(routes) + " "
+    assert any(x.startswith("# pxn: used by ") for x in lines)
+
+
+def test_cluster_explain_on_the_cli(capsys):
+    from collectives.tools.topology import main
+    assert main([str(NDV5), "--sm", "90", "--nodes", "2", "--nranks", "2", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "# search: node 0 (2 identical nodes" in out and "# pxn: used by" in out

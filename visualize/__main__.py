@@ -23,7 +23,7 @@ KINDS = {
     "curves": "algbw and busbw against size: runner --json rows, nccl-tests output, MPI and cost-model series",
     "ibseq": "the message sequence of one NET/IB transfer (receiver posts CTS, sender writes, WRITE_WITH_IMM, "
              "completion), from the trace of an NCCL_NET=IB run",
-    "topo": "the machine as NCCL's topology sees it (CPUs, PCIe switches, GPUs, NICs, NVSwitches, link types and "
+    "topo": "the machine as NCCL's topology sees it (with --nodes K: every node's GPUs and NICs and one channel's ring across them by the NICs and PXN hops the search chose; else CPUs, PCIe switches, GPUs, NICs, NVSwitches, link types and "
             "bandwidths) with the searched rings over it, from a topology XML (NCCL_TOPO_DUMP_FILE)",
     "sweep": "runs our AllReduce and MPI's side by side under mpirun, then plots them",
 }
@@ -61,6 +61,11 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("--sm", type=int, help="compute capability of GPUs the file leaves bare (default: none)")
     q.add_argument("--nvlinks", type=int, help="NVLinks per GPU when the file has none (default: NCCL's maximum)")
     q.add_argument("--no-nics", action="store_true", help="no net plugin devices (default: PCI class 0x02 = IB NIC)")
+    q.add_argument("--nodes", type=int, default=1, help="K identical nodes in one communicator: each node's GPUs and "
+                   "NICs, and the channel's ring across them by the NICs the search chose (default 1)")
+    q.add_argument("--nranks", type=int, help="GPUs per node (default: all of the file's), with --nodes")
+    q.add_argument("--nic-speed", type=int, default=400000, metavar="MBPS",
+                   help="speed the stand-in net plugin reports per NIC (default 400000)")
     q = kind("log", ("NCCL_LOG", "a real NCCL_DEBUG=INFO log (ranks interleaved, any prefixes)"),
              "output prefix: PREFIX-rings.* and PREFIX-trees.*")
     q.add_argument("--max-channels", type=int, default=8, help="rings of at most this many channels (default 8)")
@@ -125,7 +130,12 @@ def _run(a) -> list[str]:
         from collectives.graph.topo_xml import StandIns
 
         from . import machine
-        r = run_topology(a.inputs, stand=StandIns(sm=a.sm, nvlinks=a.nvlinks, nics=not a.no_nics))
+        stand = StandIns(sm=a.sm, nvlinks=a.nvlinks, nics=not a.no_nics, nic_speed=a.nic_speed)
+        if a.nodes != 1:
+            from collectives.graph.init_cluster import run_cluster
+            c = run_cluster(a.inputs, a.nodes, a.nranks, stand)
+            return diagrams.render(machine.cluster(c, a.channel, a.title), a.out)
+        r = run_topology(a.inputs, a.nranks, stand=stand)
         return diagrams.render(machine.machine(r, a.channel, a.title), a.out)
     if a.kind == "log":
         from . import explain

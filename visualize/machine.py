@@ -5,15 +5,23 @@ one box), NICs with their network port, and the NVSwitch; every link labelled wi
 as ``ncclTopoPrint`` shows it (NVLink bandwidth = links x per-link GB/s).  Over the links, the ring graph's
 distinct rings are drawn faintly and one channel's ring boldly, each hop labelled with the bandwidth the search
 gave that channel.  Input: ``collectives.graph.init_topo.run_topology``'s result.
+
+``cluster``: K nodes of one communicator (``collectives.graph.init_cluster.run_cluster``), each with its GPUs
+and NICs, and one channel's ring across them: inside a node GPU to GPU, at a node's end out through the NIC the
+connection uses (``transport_select``: ``ncclTopoGetNetDev`` on the graph's inter[] ends), through the NVLink
+peer first when the send goes by PXN, over the network into the next node's receiving NIC and on to its first
+GPU.  Every label is the connection's own (its ``via``), and a legend says what the graph's crossNic means.
 """
 from __future__ import annotations
 
 import graphviz
 
+from collectives.graph.init_cluster import ClusterResult, rank_topos
 from collectives.graph.init_topo import TopoResult
+from collectives.graph.transport_select import rank_connections
 from collectives.graph.topo import CPU, DEV, GPU, LINK_LOC, LINK_PCI, LINK_TYPES, NET, NIC, NVS, PCI
 
-from .diagrams import _color
+from .diagrams import _color, _fill
 
 SHAPES = {CPU: "box3d", PCI: "ellipse", NVS: "hexagon", NIC: "component", GPU: "box"}
 
@@ -101,4 +109,104 @@ def machine(r: TopoResult, channel: int = 0, title: str = "") -> str:
             g.edge(a, b, label=f"ring ch{c} {r.ring.bw_intra:g} GB/s" if bold else "", color=_color(c),
                    fontcolor=_color(c), penwidth="3" if bold else "1", style="solid" if bold else "dashed",
                    constraint="false")
+    return g.source
+
+
+CROSS_NIC = {
+    0: "crossNic 0: every channel leaves a node by the NIC it came in by\\l(the same NIC port: one rail per channel)",
+    1: "crossNic 1 (NCCL_CROSS_NIC=1): a channel may leave a node\\lby another NIC than the one it came in by",
+    2: "crossNic 2 (NCCL_CROSS_NIC=2, the default, when the search needed it):\\la channel may leave by another NIC; "
+       "an odd channel comes in\\lwhere the previous one left and leaves where it came in, and\\lPostset swaps each "
+       "channel pair on odd nodes, so every\\lNIC-to-NIC link joins the same rails",
+}
+
+
+def _gk(rank: int) -> str:
+    return f"gpu{rank}"
+
+
+def _nk(node: int, dev: int) -> str:
+    return f"node{node}_net{dev}"
+
+
+def ring_hops(r: ClusterResult, channel: int) -> list[dict]:
+    """Channel ``channel``'s ring as drawn: for every hop its sender, receiver and, across nodes, the sender's
+    NIC device and proxy and the receiver's NIC device with each side's ``via`` (from the connections the ranks
+    set up: ``transport_select.rank_connections``)."""
+    topos = rank_topos(r)
+    order = r.channels[0].rings[channel]
+    hops = []
+    for i, a in enumerate(order):
+        b = order[(i + 1) % len(order)]
+        if a == b:
+            continue
+        send = next(x for x in rank_connections(topos[a], a, r.channels[a].rings, r.channels[a].trees())[0]
+                    if x.send and x.peer == b and x.channel == channel)
+        hop = {"from": a, "to": b, "transport": send.transport, "via": send.line.rsplit(" via ", 1)[1]}
+        if send.transport == "NET":
+            recv = next(x for x in rank_connections(topos[b], b, r.channels[b].rings, r.channels[b].trees())[0]
+                        if not x.send and x.peer == a and x.channel == channel)
+            hop.update(send_dev=send.net_dev, proxy=send.proxy, recv_dev=recv.net_dev,
+                       recv_via=recv.line.rsplit(" via ", 1)[1])
+        hops.append(hop)
+    return hops
+
+
+def cluster(r: ClusterResult, channel: int = 0, title: str = "") -> str:
+    """DOT source: every node's GPUs and NICs, ring ``channel`` across the nodes by its NICs and PXN hops."""
+    nch = r.channels[0].n
+    channel = channel % nch
+    ring = r.aligned[0]
+    hops = ring_hops(r, channel)
+    nnodes = len(r.nodes)
+    g = graphviz.Digraph("cluster", graph_attr={
+        "label": title or (f"{nnodes} nodes x {r.local_ranks} GPUs: ring channel {channel} of {nch}, through the "
+                           f"NICs the search chose (ring graph {ring.n_channels} x {ring.bw_intra:g} GB/s, "
+                           f"crossNic {ring.cross_nic})"),
+        "labelloc": "t", "nodesep": "0.25", "ranksep": "0.35"},
+        node_attr={"style": "rounded,filled", "fontsize": "11"}, edge_attr={"fontsize": "10"})
+    used_nets = {(r.node_of[h["from"]], h["send_dev"]) for h in hops if "send_dev" in h} | \
+        {(r.node_of[h["to"]], h["recv_dev"]) for h in hops if "recv_dev" in h}
+    for k, res in enumerate(r.nodes):
+        s = res.system
+        with g.subgraph(name=f"cluster_node{k}") as sub:
+            sub.attr(label=f"node {k}", style="dashed", margin="16")
+            nets = {gpu.rank: [] for gpu in s.nodes[GPU]}
+            for net in s.nodes[NET]:
+                on = (k, net.dev) in used_nets
+                if net.local_gpu == -1 and not on:
+                    continue              # a NIC no GPU of this node is close to, unused
+                owner = s.nodes[GPU][net.local_gpu].rank if net.local_gpu != -1 else None
+                sub.node(_nk(k, net.dev), f"NIC NET/IB/{net.dev}", shape="component",
+                         fillcolor="#fff3b0" if on else "#f4f4f4", color="black" if on else "gray60",
+                         fontcolor="black" if on else "gray50")
+                if owner is not None:     # the NIC's own GPU (PCI): where PXN relays
+                    nets[owner].append(_nk(k, net.dev))
+                    sub.edge(_gk(owner), _nk(k, net.dev), dir="none", color="gray75", style="dotted")
+            for gpu in s.nodes[GPU]:
+                sub.node(_gk(gpu.rank), f"rank {gpu.rank}\nGPU {gpu.dev}", shape="box", fillcolor=_fill(k))
+    color = _color(channel)
+    for h in hops:
+        a, b = h["from"], h["to"]
+        if h["transport"] != "NET":
+            g.edge(_gk(a), _gk(b), label=h["via"], color=color, fontcolor=color, penwidth="2")
+            continue
+        na, nb = r.node_of[a], r.node_of[b]
+        start = _gk(a)
+        if h["proxy"] != a:
+            g.edge(_gk(a), _gk(h["proxy"]), xlabel=f"PXN: NVLink to rank {h['proxy']}", color=color,
+                   fontcolor=color, style="dashed", penwidth="2", constraint="false")
+            start = _gk(h["proxy"])
+        g.edge(start, _nk(na, h["send_dev"]), label=f"send {h['via']}", color=color, fontcolor=color, penwidth="2")
+        g.edge(_nk(na, h["send_dev"]), _nk(nb, h["recv_dev"]), label=f"network ch{channel}", color=color,
+               fontcolor=color, penwidth="4", constraint="false")
+        g.edge(_nk(nb, h["recv_dev"]), _gk(b), label=f"receive {h['recv_via']}", color=color, fontcolor=color,
+               penwidth="2", constraint="false")
+    legend = ("\\l".join([CROSS_NIC.get(ring.cross_nic, f"crossNic {ring.cross_nic}"),
+                         "solid: a ring hop, labelled as its connection (P2P inside a node, NET across)",
+                         "dashed: PXN, the send goes over NVLink to the NIC's own GPU,\\lwhose proxy drives the NIC",
+                         "dotted grey: a NIC and its own GPU (one PCI switch)",
+                         "grey NICs: not used by this channel"])
+              + "\\l")
+    g.node("legend", legend, shape="note", fillcolor="white", fontsize="10")
     return g.source

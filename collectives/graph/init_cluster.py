@@ -7,6 +7,8 @@
     AllGather3: graph info min/max aligned over ranks, nNodes / firstRanks / rankToNode from ringRecv[0],
     nodesTreePatterns, nChannels = min(ring, tree)               -> align_graphs, run_cluster
     every rank: ncclTopoPostset on its own copy                  -> connect.postset_rank
+    every rank: ncclTransportRingConnect, ncclTransportTreeConnect (transport, NIC and proxy of each
+    connection, and the lines their setup prints)               -> transport_select, cluster_connections
 
 Ranks are node-major (rank = node * N + local rank).  Where we differ on purpose: the search runs once per node,
 not once per rank: a node's ranks fuse the same XML and search the same system (the rank only picks which GPUs
@@ -22,6 +24,7 @@ from .init_topo import TopoResult, search_node
 from .search import Graph
 from .topo import GPU, NET
 from .topo_xml import StandIns, TopoError, gpu_pcis, load_xml
+from .transport_select import RankTopo, connect_lines, nvml_devs
 
 
 @dataclass
@@ -87,10 +90,25 @@ def run_cluster(path: str, nodes: int, nranks: int | None = None, stand: StandIn
                          (ring, tree), channels, node_of)
 
 
-def cluster_log(r: ClusterResult) -> list[str]:
+def rank_topos(r: ClusterResult) -> list[RankTopo]:
+    """What each rank connects with: its node's system and graphs, the aligned channel count, peers' devices."""
+    systems = [r.nodes[r.node_of[rank]].system for rank in range(r.nranks)]
+    devs = nvml_devs(systems)
+    return [RankTopo(systems[rank], r.rings[r.node_of[rank]], r.trees[r.node_of[rank]],
+                     r.channels[rank].search_channels, r.node_of, devs) for rank in range(r.nranks)]
+
+
+def cluster_connections(r: ClusterResult, net_name: str = "IB") -> list[list[str]]:
+    """Every rank's ring then tree connection lines (``transport_select.connect_lines``) from its own channels."""
+    return connect_lines(rank_topos(r), [ch.rings for ch in r.channels], [ch.trees() for ch in r.channels],
+                         net_name)
+
+
+def cluster_log(r: ClusterResult, connections: list[list[str]] | None = None) -> list[str]:
     """Every rank's INFO lines in the order NCCL prints them, each as ``node<n> [<local>] NCCL INFO ...``:
     node 0 rank 0's search, every rank's net device counts, rank 0's counts across ranks, then per rank the comm
-    line, connectTrees' Tree lines, rank 0's Channel rings, the Ring lines and the Trees line."""
+    line, connectTrees' Tree lines, rank 0's Channel rings, the Ring lines, the Trees line and (given
+    ``connections[rank]``, see ``cluster_connections``) its connection lines."""
     def head(rank: int) -> str:
         return f"node{r.node_of[rank]} [{rank % r.local_ranks}] NCCL INFO "
     out = [head(0) + line for line in r.nodes[0].log]
@@ -110,4 +128,6 @@ def cluster_log(r: ClusterResult) -> list[str]:
         if rank == 0:
             out += [head(0) + line for line in channel_lines(ch)]
         out += [head(rank) + line for line in rank_lines(ch, rank)]
+        if connections is not None:
+            out += [head(rank) + line for line in connections[rank]]
     return out

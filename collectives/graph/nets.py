@@ -1,5 +1,6 @@
 """Which NICs a channel may start from and come back to (NCCL ``src/graph/search.cc``: ``ncclTopoSelectNets``,
-``ncclTopoPrefNetsChannelFirst``, ``gpuPciBw``, ``getNetIndex``; ``ncclTopoSearchCheckNet`` is in search.py).
+``ncclTopoPrefNetsChannelFirst``, ``gpuPciBw``, ``getNetIndex``, and ``ncclTopoGetNetDev`` for a collective's
+graph; ``ncclTopoSearchCheckNet`` is in search.py).
 
 ``select_nets`` lists first each GPU's preferred NICs (``ncclTopoGetLocalNet`` channel after channel, until the
 first one repeats), then every other NIC whose path from the GPU(s) is of type <= typeInter, best type first.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from collectives.include.device import MAXCHANNELS
 
-from .paths import local_net
+from .paths import intermediate_rank, local_net
 from .topo import GPU, LINK_PCI, NET, Node, System
 
 
@@ -66,3 +67,14 @@ def net_index(system: System, net_id: int) -> int:
         if net.id == net_id:
             return n
     raise ValueError(f"no NET with id {net_id:x}")
+
+
+def net_dev(system: System, graph, n_channels: int, rank: int, channel: int) -> tuple[int, int, int]:
+    """``ncclTopoGetNetDev`` with a graph (ring and tree connections): channel ``channel % n_channels`` of this
+    rank's own graph; the channel's first GPU uses the NIC the channel starts from (``inter[c][0]``), any other
+    GPU the one it ends at (``inter[c][1]``).  Returns (NET index, the NIC's net device, the proxy rank: the
+    NVLink peer a PXN path relays through, else ``rank``)."""
+    c = channel % n_channels
+    end = 0 if graph.intra[c][0] == rank else 1
+    n = net_index(system, graph.inter[c][end])
+    return n, system.nodes[NET][n].dev, intermediate_rank(system, rank, n)

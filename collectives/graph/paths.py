@@ -1,5 +1,5 @@
 """Paths between every pair of GPUs, NICs, CPUs and NVSwitches (NCCL ``src/graph/paths.cc``: ``ncclTopoSetPaths``,
-``ncclTopoComputePaths``, ``ncclTopoCheckP2p``, ``ncclTopoCheckGdr``, ``addInterStep``, ``ncclTopoTrimSystem``,
+``ncclTopoComputePaths``, ``ncclTopoCheckP2p``, ``ncclTopoCheckGdr``, ``ncclTopoCheckNet``, ``ncclGetLevel``, ``ncclTopoGetIntermediateRank``, ``addInterStep``, ``ncclTopoTrimSystem``,
 ``ncclTopoPrintPaths``; ``ncclTopoGetLocal``, ``ncclTopoGetLocalNet``, ``ncclTopoGetLocalGpu`` of ``topo.cc``;
 ``ncclTopoSearchInit`` of ``search.cc``).
 
@@ -14,9 +14,10 @@ import os
 
 from collectives.include.bitops import div_up
 from collectives.include.device import MAXCHANNELS
+from collectives.misc.param import env_int
 
 from .topo import (CPU, DEV, GPU, LINK_LOC, LINK_NET, LINK_NVL, LINK_PCI, LOC_BW, NET, NODE_TYPES, NVS, PATH_C2C,
-                   PATH_DIS, PATH_LOC, PATH_NET, PATH_NVB, PATH_NVL, PATH_P2C, PATH_PHB, PATH_PXB, PATH_PXN,
+                   PATH_DIS, PATH_LOC, PATH_NET, PATH_NVB, PATH_NVL, PATH_P2C, PATH_PHB, PATH_PIX, PATH_PXB, PATH_PXN,
                    PATH_SYS, PATH_TYPES, PCI, ARCH_X86, VENDOR_AMD, Node, Path, System, f32)
 from .topo_xml import TopoError
 
@@ -151,28 +152,93 @@ def intermediate_rank(system: System, rank: int, n: int) -> int:
     return node.rank
 
 
-def check_gdr(system: System, rank: int, n: int, read: bool) -> bool:
-    """``ncclTopoCheckGdr``: GPUDirect RDMA between rank's GPU and NIC ``n`` (level P2C by default)."""
+GDR_DISABLED, GDR_DEFAULT, GDR_PCI = 0, 1, 2      # enum ncclTopoGdrMode
+_OLD_LEVELS = (PATH_LOC, PATH_PIX, PATH_PXB, PATH_PHB, PATH_SYS, PATH_SYS)
+
+
+def user_level(disable_env: str | None, level_env: str) -> int | None:
+    """``ncclGetLevel``: ``<disable_env>=1`` is LOC; ``<level_env>`` is a path type name (LOC ... SYS) or NCCL's
+    old numbering 0-5; None when neither is set."""
+    if disable_env and env_int(disable_env, 0) == 1:
+        return PATH_LOC
+    text = os.environ.get(level_env)
+    if text is None:
+        return None
+    if text in PATH_TYPES[:PATH_SYS + 1]:
+        return PATH_TYPES.index(text)
+    if text[:1].isdigit():
+        return _OLD_LEVELS[min(int("".join(c for c in text if c.isdigit()) or 0), len(_OLD_LEVELS) - 1)]
+    return None
+
+
+def gdr_mode(system: System, rank: int, n: int, read: bool) -> int:
+    """``ncclTopoCheckGdr``: GPUDirect RDMA between rank's GPU and NIC ``n``: GDR_DISABLED, GDR_DEFAULT, or GDR_PCI
+    (forced PCIe mapping on a C2C system).  Sends (``read``) before Ampere need an NVLink peer (or a GPU alone);
+    the distance, the proxy GPU's under PXN, must be within NCCL_NET_GDR_LEVEL (P2C by default, PXB with
+    NCCL_NET_GDR_C2C=0)."""
     net = system.nodes[NET][n]
     g = system.gpu_by_rank(rank)
     gpu = system.nodes[GPU][g]
     if not net.gdr or not gpu.gdr:
-        return False
-    if read and int(os.environ.get("NCCL_NET_GDR_READ", "-2")) == 0:
-        return False
-    if read and int(os.environ.get("NCCL_NET_GDR_READ", "-2")) < 0 and gpu.sm < 80:
-        others = [p for i, p in enumerate(gpu.paths[GPU]) if i != g]
-        if others and not any(p.type == PATH_NVL for p in others):
-            return False
-    level = PATH_P2C
-    text = os.environ.get("NCCL_NET_GDR_LEVEL")
-    if text in PATH_TYPES:
-        level = PATH_TYPES.index(text)
+        return GDR_DISABLED
+    if read:
+        read_param = env_int("NCCL_NET_GDR_READ", -2)
+        if read_param == 0:
+            return GDR_DISABLED
+        if read_param < 0 and gpu.sm < 80:
+            nvlink = len(system.nodes[GPU]) == 1 or any(
+                p.type == PATH_NVL for i, p in enumerate(gpu.paths[GPU]) if i != g)
+            if not nvlink:
+                return GDR_DISABLED
+    level = PATH_P2C if env_int("NCCL_NET_GDR_C2C", 1) else PATH_PXB
+    user = user_level(None, "NCCL_NET_GDR_LEVEL")
+    if user is not None:
+        level = user
     distance = gpu.paths[NET][n].type
     if distance == PATH_PXN:
-        proxy = system.gpu_by_rank(intermediate_rank(system, rank, n))
-        distance = system.nodes[GPU][proxy].paths[NET][n].type
-    return distance <= level
+        g = system.gpu_by_rank(intermediate_rank(system, rank, n))
+        gpu = system.nodes[GPU][g]
+        distance = gpu.paths[NET][n].type
+    if distance > level:
+        return GDR_DISABLED
+    c = local_cpu(system, g)
+    if c != -1 and gpu.paths[CPU][c].type == PATH_C2C and distance != PATH_P2C:
+        return GDR_PCI
+    return GDR_DEFAULT
+
+
+def check_gdr(system: System, rank: int, n: int, read: bool) -> bool:
+    """``ncclTopoCheckGdr`` as a yes/no (any mode but disabled)."""
+    return gdr_mode(system, rank, n, read) != GDR_DISABLED
+
+
+def check_p2p(system: System, rank1: int, rank2: int) -> tuple[bool, bool, int]:
+    """``ncclTopoCheckP2p`` for two ranks of this node: (P2P within the P2P level, P2P read, intermediate rank or
+    -1).  A 4-hop GPU-DEV-DEV-DEV-GPU path relays through the middle DEV's GPU (NVB); read is Ampere (sm 80) over
+    direct NVLink only.  NVML's P2P status is taken as OK (as in compute_paths)."""
+    g1, g2 = system.gpu_by_rank(rank1), system.gpu_by_rank(rank2)
+    path = system.nodes[GPU][g1].paths[GPU][g2]
+    inter = -1
+    if path.count == 4 and path.links[1].rem.type == DEV:
+        dev = path.links[1].rem
+        inter = next(lk.rem for lk in dev.links if lk.rem.type == GPU).rank
+    p2p = path.type <= p2p_level(system)
+    a, b = system.nodes[GPU][g1], system.nodes[GPU][g2]
+    read = path.type == PATH_NVL and a.sm == b.sm == 80
+    return p2p, read, inter
+
+
+def check_net(system: System, rank1: int, rank2: int) -> bool:
+    """``ncclTopoCheckNet``: would the NIC beat the GPU-to-GPU path for these two local ranks?  Both GPUs need a
+    NIC path of type PXB or better, faster than their path to each other (NCCL_NET_DISABLE_INTRA=1: never)."""
+    if env_int("NCCL_NET_DISABLE_INTRA", 0) == 1:
+        return False
+    g1, g2 = system.gpu_by_rank(rank1), system.gpu_by_rank(rank2)
+    gpu1, gpu2 = system.nodes[GPU][g1], system.nodes[GPU][g2]
+    speed = gpu1.paths[GPU][g2].bw
+    best1 = max([p.bw for p in gpu1.paths.get(NET, []) if p.type <= PATH_PXB] + [0.0])
+    best2 = max([p.bw for p in gpu2.paths.get(NET, []) if p.type <= PATH_PXB] + [0.0])
+    return best1 > speed and best2 > speed
 
 
 def _merge_type(a: int, b: int) -> int:
@@ -197,12 +263,8 @@ def p2p_level(system: System) -> int:
     cpu = system.nodes[CPU][0]
     if cpu.arch == ARCH_X86 and cpu.vendor == VENDOR_AMD and len(system.nodes[DEV]) <= 2:
         level = PATH_SYS
-    if os.environ.get("NCCL_P2P_DISABLE") == "1":
-        return PATH_LOC
-    text = os.environ.get("NCCL_P2P_LEVEL")
-    if text in PATH_TYPES[:PATH_SYS + 1]:
-        level = PATH_TYPES.index(text)
-    return level
+    user = user_level("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL")
+    return level if user is None else user
 
 
 def compute_paths(system: System) -> None:
@@ -211,6 +273,7 @@ def compute_paths(system: System) -> None:
     for nodes in system.nodes:
         for n in nodes:
             n.paths = {}
+    system.pxn_routes = []
     for t in (CPU, DEV, GPU, NET, NVS):
         for node in system.nodes[t]:
             set_paths(node, system)
@@ -230,18 +293,26 @@ def compute_paths(system: System) -> None:
             if _merge_type(gpu.paths[CPU][c].type, net.paths[CPU][c].type) == PATH_P2C:
                 gpu.paths[NET][n].type = min(PATH_P2C, gpu.paths[NET][n].type)
                 net.paths[GPU][g].type = min(PATH_P2C, net.paths[GPU][g].type)
-    pxn = os.environ.get("NCCL_PXN_DISABLE", "0") != "1"
+    pxn = env_int("NCCL_PXN_DISABLE", 0) != 1
+    pxn_type = PATH_P2C if env_int("NCCL_PXN_C2C", 1) else PATH_PXB
     for n, net in enumerate(system.nodes[NET]):
         for g, gpu in enumerate(gpus):
             if pxn:
                 peer_i = local_gpu(system, n)
                 if peer_i not in (g, -1):
                     peer = gpus[peer_i]
-                    if (peer.paths[NET][n].type <= PATH_P2C and check_gdr(system, peer.rank, n, True)
+                    if (peer.paths[NET][n].type <= pxn_type and check_gdr(system, peer.rank, n, True)
                             and peer.paths[GPU][g].type <= PATH_NVL
                             and (peer.paths[NET][n].bw > gpu.paths[NET][n].bw
                                  or gpu.paths[NET][n].type > PATH_PXN)):
+                        mine = gpu.paths[NET][n]
+                        why = (f"{PATH_TYPES[mine.type]} path through the CPU" if mine.type > PATH_PXN else
+                               f"{mine.bw:g} GB/s {PATH_TYPES[mine.type]} path")
                         add_inter_step(system, GPU, peer_i, GPU, g, NET, n)
+                        system.pxn_routes.append(
+                            f"GPU rank {gpu.rank} -> NET/{net.dev}: PXN through rank {peer.rank}, the NIC's own "
+                            f"GPU ({PATH_TYPES[peer.paths[NET][n].type]}, {peer.paths[NET][n].bw:g} GB/s, GDR; "
+                            f"NVLink to us), instead of our {why}")
             if gpu.paths[NET][n].type < PATH_PHB and not check_gdr(system, gpu.rank, n, False):
                 c = local_cpu(system, g)
                 add_inter_step(system, CPU, c, NET, n, GPU, g)

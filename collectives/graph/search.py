@@ -517,6 +517,16 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
     tmp.bw_intra = tmp.bw_inter = speeds[si]
     global_timeout = GLOBAL_TIMEOUT
     pass_ = 1
+
+    def step(why: str) -> None:    # what ncclTopoCompute does next, and why (ours, with --explain)
+        if trace is not None:
+            trace.append(f"  -> {why}")
+    step(f"Id {graph.id} Pattern {graph.pattern} ({PATTERN_NAMES.get(graph.pattern)}): speeds "
+         f"{'speedArrayInter' if system.inter else 'speedArrayIntra'} for sm {cc_min} "
+         f"({' '.join(f'{x:g}' for x in speeds)}), starting at {speeds[si]:g} (the first <= maxBw {max_bw:g} whose "
+         f"{graph.min_channels} channel(s) fit totalBw {total_bw:g}); crossNic {tmp.cross_nic} first "
+         f"(NCCL_CROSS_NIC={cross_env}{'' if len(system.nodes[NET]) > 1 else ', one NIC: 0'})")
+    best = None
     while True:
         # search:
         search.time = (TIMEOUT_SAMECHANNELS if tmp.same_channels else TIMEOUT_TREE if tmp.pattern == TREE
@@ -531,41 +541,62 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
                          f"channels {tmp.min_channels}-{tmp.max_channels} sameChannels {tmp.same_channels} -> "
                          f"nChannels {graph.n_channels}x{graph.bw_inter:g}/{graph.bw_intra:g} "
                          f"{'TIMEOUT' if time == 0 else 'PERFECT' if time == -1 else ''}".rstrip())
+        found = (graph.n_channels, graph.bw_intra, graph.bw_inter, graph.cross_nic, graph.type_intra,
+                 graph.type_inter, graph.pattern)
+        if found != best and graph.n_channels:
+            best = found
+            step(f"best so far: {graph.n_channels} x {graph.bw_intra:g}/{graph.bw_inter:g} GB/s (intra/inter), "
+                 f"pattern {graph.pattern}, crossNic {graph.cross_nic}, type {PATH_TYPES[graph.type_intra]}/"
+                 f"{PATH_TYPES[graph.type_inter]}")
         goto_done = time == -1 or f32(graph.n_channels * graph.bw_inter) >= system.total_bw
+        if goto_done and pass_ == 1:
+            step("done: every channel found within the budget (PERFECT)" if time == -1 else
+                 f"done: {graph.n_channels} x {graph.bw_inter:g} reaches totalBw {system.total_bw:g}")
         if not goto_done and pass_ == 1:
             if tmp.same_channels == 1 and not (cpu.arch == ARCH_X86 and cpu.vendor == VENDOR_AMD
                                                and tmp.type_intra == PATH_SYS):
                 tmp.same_channels = 0
+                step("sameChannels 0: let the channels differ")
                 continue
             tmp.same_channels = try_same
             global_timeout = global_timeout + time if time != -1 else GLOBAL_TIMEOUT
             if global_timeout < 0 and graph.n_channels:
                 goto_done = True
+                step("done: the global step budget is spent and channels were found")
             else:
                 if cc_min >= 90 and tmp.pattern == BALANCED_TREE:
                     tmp.pattern = TREE
+                    step(f"pattern {TREE} (TREE): on sm {cc_min} >= 90 a BALANCED_TREE attempt is retried as TREE")
                     continue
                 tmp.pattern = graph.pattern
                 top_intra = tmp.type_inter if system.inter else max_intra
                 if tmp.type_intra < top_intra and (graph.n_channels == 0 or tmp.type_intra < graph.type_intra):
                     tmp.type_intra += 1
                     if tmp.type_intra < PATH_DIS:
+                        step(f"typeIntra {PATH_TYPES[tmp.type_intra - 1]} -> {PATH_TYPES[tmp.type_intra]}: allow "
+                             f"worse GPU-to-GPU paths")
                         continue
                 tmp.type_intra = min_intra
                 if system.inter and tmp.type_inter < max_inter and (
                         graph.n_channels == 0 or tmp.type_inter < graph.type_inter or tmp.type_inter < PATH_PXN):
                     tmp.type_inter += 1
                     if tmp.type_inter < PATH_DIS:
+                        step(f"typeInter {PATH_TYPES[tmp.type_inter - 1]} -> {PATH_TYPES[tmp.type_inter]}: allow "
+                             f"worse GPU-to-NIC paths" + (" (PXN: through an NVLink peer's NIC)"
+                                                          if tmp.type_inter == PATH_PXN else ""))
                         continue
                 tmp.type_inter = min_inter
                 if cross_nic == 2 and tmp.cross_nic == 0 and graph.pattern in (RING, BALANCED_TREE):
                     tmp.cross_nic = 2
+                    step("crossNic 2: NCCL_CROSS_NIC=2 lets a channel leave by another NIC than it came in by")
                     continue
                 tmp.cross_nic = 1 if cross_nic == 1 else 0
                 if si < len(speeds) - 1 and (graph.n_channels == 0 or f32(speeds[si + 1] / graph.bw_inter) > .49):
                     si += 1
                     tmp.bw_inter = tmp.bw_intra = speeds[si]
+                    step(f"speed {speeds[si - 1]:g} -> {speeds[si]:g} GB/s, types and crossNic reset")
                     continue
+                step("done: every relaxation tried down to the slowest useful speed")
                 si = 0
                 while speeds[si] > max_bw and si < len(speeds) - 1:
                     si += 1
@@ -577,6 +608,8 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
             dup_channels(graph, cc_min)
             if trace is not None and before != (graph.n_channels, graph.bw_intra):
                 trace.append(f"Dup: {before[0]} x {before[1]:g} -> {graph.n_channels} x {graph.bw_intra:g}")
+            best = (graph.n_channels, graph.bw_intra, graph.bw_inter, graph.cross_nic, graph.type_intra,
+                    graph.type_inter, graph.pattern)
             tmp = graph.copy()
             si = 0
             while speeds[si] > graph.bw_inter and si < len(speeds) - 1:
@@ -584,11 +617,13 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
             tmp.bw_intra = tmp.bw_inter = speeds[si]
             tmp.min_channels = graph.n_channels
             pass_ = 2
+            step(f"pass 2: try faster speeds again with at least {graph.n_channels} channels")
         if pass_ == 2:
             if time != 0 and si > 0:
                 if graph.pattern == RING:
                     si -= 1
                     tmp.bw_intra = tmp.bw_inter = speeds[si]
+                    step(f"pass 2: speed {speeds[si]:g} GB/s")
                     continue
                 if graph.pattern == NVLS and tmp.bw_inter == graph.bw_inter and tmp.bw_inter < tmp.bw_intra * 2:
                     tmp.min_channels = tmp.max_channels = graph.n_channels
@@ -598,8 +633,16 @@ def topo_compute(system: System, graph: Graph, trace: list | None = None) -> Gra
                 if tmp.bw_intra == graph.bw_intra and tmp.bw_intra < tmp.bw_inter * 2:
                     si -= 1
                     tmp.bw_intra = speeds[si]
+                    step(f"pass 2: intra speed {speeds[si]:g} GB/s")
                     continue
         break
+    if graph.n_channels:
+        why = {0: "every attempt that found the best graph kept each channel on one NIC (or there is one NIC)",
+               1: "NCCL_CROSS_NIC=1 marks every graph crossNic 1",
+               2: "the best graph was first found once crossNic 2 was allowed: no attempt with crossNic 0 "
+                  "reached it"}.get(graph.cross_nic, "")
+        step(f"result: {graph.n_channels} x {graph.bw_intra:g}/{graph.bw_inter:g} GB/s, pattern {graph.pattern}, "
+             f"crossNic {graph.cross_nic}: {why}")
     if graph.n_channels == 0 and graph.coll_net == 0 and graph.pattern != NVLS:
         # "Could not find a path for pattern %d, falling back to simple order": PCI order, 0.1 GB/s
         graph.fallback = True

@@ -98,6 +98,7 @@ class System:
         self.max_bw = 0.0
         self.total_bw = 0.0
         self.inter = 0
+        self.pxn_routes: list[str] = []   # why each PXN path was made, recorded by paths.compute_paths (ours)
 
     def get(self, type_: int, id_: int) -> Node | None:
         return next((n for n in self.nodes[type_] if n.id == id_), None)
