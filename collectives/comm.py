@@ -43,7 +43,7 @@ from .graph.rings import parse_rings, ring_orders
 from .graph.trees import tree_table
 from .health import Health
 from .job import install_fatal_hook, rank_env
-from . import groups
+from . import group_plan, groups
 from .p2p import P2p
 from .rooted import GatherScatter
 from .split import child_unique_id, split_info
@@ -174,6 +174,7 @@ class Communicator(GatherScatter):
         self._compiled = None if self._gpu else ll_compiled.Cache(self.channels, self.nranks, h.pages, h.mine,
                                                                   self.rank)
         self._tasks: dict[tuple, Task] = {}
+        self.group_colls: list = []  # collectives queued in an open group (group_plan.QueuedColl)
         self._log_coll, self._log_tuning = debug.enabled("INFO", "COLL"), debug.enabled("INFO", "TUNING")
         debug.info("INIT", f"ncclCommInitRank comm {hex(id(self))} rank {self.rank} nranks {self.nranks} "
                            f"cudaDev {self.local_rank} "
@@ -235,8 +236,12 @@ class Communicator(GatherScatter):
     def _launch(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> None:
         """``ncclEnqueueCheck`` + ``ncclLaunchKernel`` for one collective (its ``Task`` is built on first use)."""
         self._check()
-        if groups.depth():
-            raise RuntimeError(f"{func} inside a group: groups hold only send and recv here")
+        if groups.depth():  # queued for the group's one plan (group_plan.py)
+            if self._gpu is not None:
+                raise NotImplementedError(f"{func} inside a group on --device {self.device.name}: only the CPU "
+                                          f"device plans groups")
+            group_plan.enqueue_coll(self, func, send, recv, count, op, root)
+            return groups.enqueue(self)
         task = self._tasks.get((func, count, send.dtype, op, root))
         if task is None:
             if len(self._tasks) > 4096:  # many distinct calls: start again rather than grow without bound
@@ -275,15 +280,15 @@ class Communicator(GatherScatter):
         groups.enqueue(self)
 
     def group_launch(self) -> None:
-        """``groupLaunch`` for this communicator: connect, plan and run its queued sends and receives; a failure
-        puts the communicator in error, as a collective's does."""
-        if not self._p2p.pending:
+        """``groupLaunch`` for this communicator: connect, plan and run its queued collectives, sends and receives
+        as one plan (``group_plan.launch``); a failure puts the communicator in error, as a collective's does."""
+        if not self._p2p.pending and not self.group_colls:
             return
         self._check()
-        kernel = self._p2p_kernel
+        kernel = self._kernel if any(c.count for c in self.group_colls) else self._p2p_kernel
         kernel.reset(self.op_count, "SendRecv")
         try:
-            self._p2p.launch(kernel, self.conns)
+            group_plan.launch(self)
         except (CollectiveError, BootstrapError) as exc:
             err = exc if isinstance(exc, CollectiveError) else CollectiveError(str(exc))
             self._error = str(err)
@@ -296,6 +301,12 @@ class Communicator(GatherScatter):
     def group_abandon(self) -> None:
         """The group was left by an exception: drop what it queued."""
         self._p2p.clear()
+        self.group_colls = []
+
+    def group_simulate(self) -> float | None:
+        """``ncclGroupSimulateEnd`` for this communicator (``group_plan.simulate``)."""
+        self._check()
+        return group_plan.simulate(self)
 
     def _run(self, task: Task, send, recv, compiled, placed: bool) -> None:
         plan, func, tracer = task.plan, task.func, self.tracer
@@ -315,9 +326,10 @@ class Communicator(GatherScatter):
         launch.run_plan(kernel, task, self.channels, self.nranks, send, recv, compiled, self.conns, self.health,
                         placed)
         if tracer is not None:
-            tracer.add("coll", self.op_count, func, plan.algo, plan.proto, task.count,
-                       dtype_name(send.dtype) if func not in IN_PLACE_MATTERS else "int8", task.redop.name,
-                       task.root, plan.nchannels, t0, now())
+            t1 = now()
+            tracer.add_plan([(self.op_count, func, plan.algo, plan.proto, task.count,
+                              dtype_name(send.dtype) if func not in IN_PLACE_MATTERS else "int8", task.redop.name,
+                              task.root, plan.nchannels, t0, t1)], 0, t0, t1)
 
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
         """How ``func`` of ``count`` elements would run: protocol, channels, parts, chunks (no data moves)."""
@@ -355,7 +367,7 @@ class Communicator(GatherScatter):
         protocols or algorithms given to this one's constructor are not passed on.  This one stays usable."""
         self._check()
         if groups.depth():
-            raise RuntimeError("split inside a group: groups hold only send and recv here")
+            raise RuntimeError("split inside a group: not supported here (NCCL's needs a nonblocking communicator)")
         info = split_info(self.bootstrap, color, key)
         if info is None:
             return None

@@ -12,7 +12,7 @@ returns once the network has taken the last send, as collectives do here (``tran
 from __future__ import annotations
 
 import collections
-from typing import Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -22,6 +22,7 @@ from transports.connections import Connections
 
 from . import enqueue_p2p
 from .device import sendrecv
+from .device.common import run_in_order
 from .p2p_schedule import P2pChannels
 
 
@@ -117,25 +118,32 @@ class P2p:
             (self.send_round if d == "send" else self.recv_round)[peer]), d))
         return conn is not None and conn.proxy_conn is not None
 
-    def launch(self, kernel, conns: Connections | None) -> None:
-        """Connect, plan and run everything queued (``groupLaunch`` → ``doLaunches`` for this communicator)."""
+    def prepare(self, conns: Connections | None) -> list[tuple[DevWorkP2p, list]]:
+        """Connect what is missing and plan everything queued (``ncclTransportP2pSetup``, then
+        ``scheduleP2pTasksToPlan``); the queues are empty afterwards, even on failure."""
         try:
             if conns is not None:
                 self.connect(conns)
-            works = self.plan()
+            return self.plan()
         finally:
             self.clear()
-        proxy_ops = []
-        if conns is not None and conns.proxied:
-            kernel.poll = conns.poll  # a blocked kernel moves its NET bytes itself (a p2p connection may be new)
-            proxy_ops = self._post(conns, works, kernel)
-        kernel.run(self.channel_works(kernel, works))
+
+    def launch(self, kernel, conns: Connections | None) -> int:
+        """Connect, plan and run everything queued (``groupLaunch`` → ``doLaunches`` for this communicator);
+        returns how many works ran."""
+        works = self.prepare(conns)
+        proxy_ops = self.post(conns, works, kernel)
+        kernel.run([run_in_order(seq) for seq in self.channel_works(kernel, works).values()])
         if proxy_ops:
             kernel.run([conns.wait_sent(kernel, proxy_ops)])
+        return len(works)
 
-    def _post(self, conns: Connections, works: list, kernel) -> list:
+    def post(self, conns: Connections | None, works: list, kernel) -> list:
         """``ncclProxySaveOp`` for every part of every work, in the kernel's order on each connection; runs of one
         protocol go together (a p2p op has one step per chunk: sliceSteps = chunkSteps = 1)."""
+        if conns is None or not conns.proxied:
+            return []
+        kernel.poll = conns.poll  # a blocked kernel moves its NET bytes itself (a p2p connection may be new)
         posted, run, proto = [], [], None
         for _, ops in works:
             for op in ops:
@@ -149,10 +157,10 @@ class P2p:
             posted += conns.save_ops(run, proto, 1, 1, kernel.tracer, kernel.op_count)
         return posted
 
-    def channel_works(self, kernel, works: list) -> list[Iterator]:
-        """One generator per channel: its parts of each work in order, each work's send and receive side by
-        side.  A work's primitives are built when the channel reaches it: they start from the connection's step
-        where the work before left it."""
+    def channel_works(self, kernel, works: list) -> dict[int, list[Callable[[], list]]]:
+        """Per channel, a maker for each work's thread groups there (its send and receive side by side), in order.
+        A work's primitives are built when the channel reaches it: they start from the connection's step where
+        the work before left it."""
         by_channel: dict[int, list] = collections.defaultdict(list)
         for work, _ in works:
             nparts = max(work.n_send_channels, work.n_recv_channels)
@@ -161,18 +169,4 @@ class P2p:
                 by_channel[c].append(lambda c=c, work=work: sendrecv.channel_works(
                     kernel, c, self.rank, work, self.conns.get((work.send_rank, c, "send")),
                     self.conns.get((work.recv_rank, c, "recv"))))
-        return [_in_order(seq) for seq in by_channel.values()]
-
-
-def _in_order(seq: list) -> Iterator:
-    """Run the thread groups of each work side by side, the works one after another (each built when reached)."""
-    for make in seq:
-        active = make()
-        while active:
-            for g in list(active):
-                try:
-                    next(g)
-                except StopIteration:
-                    active.remove(g)
-            if active:
-                yield
+        return by_channel

@@ -77,6 +77,8 @@ def perfetto(directory: str) -> dict:
                 out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": PROXY_TID + c,
                             "args": {"name": f"proxy channel {c}"}})
     for e in events:
+        if e["kind"] == "plan":
+            continue  # a plan is its collectives' shared ``plan`` argument in this view
         ts, dur = (e["t0"] - t_base) / 1000.0, max(0.0, (e["t1"] - e["t0"]) / 1000.0)
         kind = e["kind"]
         if kind == "coll":
