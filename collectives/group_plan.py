@@ -21,7 +21,7 @@ import numpy as np
 
 from tracing.events import now
 
-from . import enqueue
+from . import enqueue, p2p
 from .device import launch as device_launch
 from .device.common import run_in_order
 from .device.reduce_copy import dtype_name, reduce_copy
@@ -94,6 +94,8 @@ def _run(comm, kernel, ordered: list[QueuedColl], plans: list[enqueue.Plan], seq
     sends."""
     tracer, conns = comm.tracer, comm.conns
     works = comm._p2p.prepare(conns)
+    if works:  # every failure line names the plan's p2p ops: peers, bytes, rounds
+        kernel.func = f"{kernel.func} [{p2p.describe_works(works)}]"
     by_channel: dict[int, list] = collections.defaultdict(list)
     proxy_ops = []
     for c, plan in zip(ordered, plans):

@@ -22,7 +22,9 @@ from transports.connections import Connections
 
 from . import enqueue_p2p
 from .device import sendrecv
-from .device.common import run_in_order
+from .device.common import CollectiveError, run_in_order
+from .health import DTYPE_NAMES
+from .status import describe
 from .p2p_schedule import P2pChannels
 
 
@@ -110,6 +112,7 @@ class P2p:
                     ll_buffers=(not net[0] or ll_net, not net[1] or ll_net), network=net)
                 work.send_buff = send.buff if send else None
                 work.recv_buff = recv.buff if recv else None
+                work.p2p_round = rnd
                 works.append((work, ops))
         return works
 
@@ -170,3 +173,30 @@ class P2p:
                     kernel, c, self.rank, work, self.conns.get((work.send_rank, c, "send")),
                     self.conns.get((work.recv_rank, c, "recv"))))
         return by_channel
+
+
+def describe_works(works: list) -> str:
+    """A plan's p2p works as an error line names them: each round's send and receive, peer and bytes."""
+    parts = []
+    for work, _ in works:
+        ops = ([f"send {work.send_bytes} B to rank {work.send_rank}"] if work.n_send_channels else []) + \
+              ([f"recv {work.recv_bytes} B from rank {work.recv_rank}"] if work.n_recv_channels else [])
+        parts.append(f"round {work.p2p_round}: {', '.join(ops)}")
+    return "; ".join(parts)
+
+
+def check_moved_on(health, kernel) -> None:
+    """While a p2p kernel waits for a peer on this host: if that peer has already started the collective this rank
+    will call next (its status page holds this opCount's signature), it cannot be posting what this rank waits for
+    any more, and it waits for this rank in that collective: a deadlock, named now instead of at the deadline.  It
+    is what a group split differently on the two ranks, or a send and recv of different sizes, end in."""
+    for peer in {w[1] for w in kernel.wait_state.values()}:
+        page = health.pages.get(peer)
+        sig = page.signature(kernel.op_count) if page is not None and peer != health.rank else None
+        if sig is not None:
+            raise CollectiveError(
+                f"rank {health.rank}: rank {peer} has moved on to {describe(sig, DTYPE_NAMES)} (opCount "
+                f"{kernel.op_count}) while this rank's {kernel.func} still waits for it: rank {peer} posted fewer "
+                f"bytes or operations for rank {health.rank} in this group (a size mismatch, or a group split "
+                f"differently); this rank: {kernel.describe_wait()}")
+

@@ -408,5 +408,32 @@ def simulate(args: list[str]) -> None:
         sys.stdout.flush()
 
 
+def named(args: list[str]) -> None:
+    """The p2p failures NCCL users meet most, each between rank 0 and rank 1 after one exchange connected them:
+    ``bigger_send`` (rank 0 sends 4 MiB, rank 1 receives 1 MiB, then both call AllReduce), ``smaller_send`` (the
+    other way round), ``split`` (rank 0 groups two sends of 4 MiB, rank 1 receives the first alone, then calls
+    AllReduce before the second), ``left`` (rank 1 exits instead of receiving)."""
+    mode = args[0]
+    with collectives.Communicator() as comm:
+        r = comm.rank
+        big, small = np.ones(1 << 20, np.float32), np.ones(1 << 18, np.float32)  # 4 MiB and 1 MiB
+        if r == 0:
+            comm.send(small, 1)
+        elif r == 1:
+            comm.recv(np.empty_like(small), 0)
+        if mode == "left" and r == 1:
+            os._exit(0)
+        if r == 0:
+            if mode == "split":
+                with collectives.group():
+                    comm.send(big, 1)
+                    comm.send(big, 1)
+            else:
+                comm.send(small if mode == "smaller_send" else big, 1)
+        elif r == 1:
+            comm.recv(np.empty_like(big if mode == "smaller_send" else small), 0)
+        comm.all_reduce(small)
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](sys.argv[2:])
