@@ -75,6 +75,23 @@ def test_p2p_failures_are_named(mode, stuck, bytes_):
     assert took < 25, took
 
 
+def test_p2p_failure_across_nodes_ends_at_the_deadline():
+    """Across nodes no status page is shared: a receive of more bytes than the peer sent ends at NCCLLAB_TIMEOUT,
+    after the early WARN, the waiting rank's line naming its peer, bytes and round.  (The other way round, and a
+    split group's extra send, can complete over NET/Socket unseen: the network takes the sender's bytes.)"""
+    t0 = time.monotonic()
+    proc = run_ranks(2, "named", "smaller_send", nodes=2, script="p2p_workers.py", check=False, timeout=120,
+                     env={"NCCLLAB_TIMEOUT": "6", "NCCLLAB_WARN_AFTER": "2"})
+    took = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    warn = out.find("NCCLLAB_WARN_AFTER")
+    final = [line for line in out.splitlines() if "rank 1:" in line and "NCCLLAB_TIMEOUT" in line and
+             "recv 4194304 B from rank 0" in line and "round 1" in line]
+    assert warn != -1 and final and out.find(final[0]) > warn, out[-4000:]
+    assert took < 60, took
+
+
 @pytest.mark.parametrize("n", [1, 2])
 def test_invalid_usage_and_nested_groups(n):
     proc = run_ranks(n, "usage", script="p2p_workers.py")

@@ -19,6 +19,9 @@ FIELDS = {
     "coll": ("seq", "func", "algo", "proto", "count", "dtype", "op", "root", "nchannels", "t0", "t1", "plan"),
     # one kernel plan (ncclKernelPlan): a lone collective, or a group's collectives (their seqs) and p2p works
     "plan": ("plan", "colls", "p2p", "t0", "t1"),
+    # one channel's part of a p2p work (profiler KernelCh of a p2p op): the peer, the p2pSchedule round, the
+    # part's byte range of the user's buffer; proto "copy" for a send to oneself
+    "p2p": ("plan", "channel", "peer", "is_send", "round", "offset", "bytes", "proto", "t0", "t1"),
     "channel": ("seq", "channel", "part_offset", "part_count", "chunk_count", "t0", "t1"),
     "prim": ("seq", "channel", "prim", "recv_peer", "send_peer", "loop", "chunk", "offset", "count", "t0", "t1"),
     "step": ("seq", "channel", "prim", "recv_peer", "send_peer", "loop", "chunk", "slice", "slot", "step",

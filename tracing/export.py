@@ -93,6 +93,9 @@ def perfetto(directory: str) -> dict:
         elif kind == "proxy_step":
             name = f"{'isend' if e['is_send'] else 'irecv'} step {e['step']} ({e['bytes']} B)"
             tid = PROXY_TID + e["channel"]
+        elif kind == "p2p":
+            name = f"{'send to' if e['is_send'] else 'recv from'} rank {e['peer']} round {e['round']} ({e['bytes']} B)"
+            tid = e["channel"]
         elif kind == "net_ib":
             name, tid = f"IB {e['event']} slot {e['slot']} qp {e['qp']} ({e['bytes']} B)", PROXY_TID + e["channel"]
         else:
