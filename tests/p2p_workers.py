@@ -435,5 +435,14 @@ def named(args: list[str]) -> None:
         comm.all_reduce(small)
 
 
+def coverage(args: list[str]) -> None:
+    """One run for one configuration (n = 8, NET/IB): every send/recv pair, all-to-all, gather and scatter at every
+    root, and the grouped collectives, each worker above on a communicator of its own, fewer sizes."""
+    pairs([json.dumps([0, 7, 70001]), json.dumps(["float32"])])
+    alltoall([json.dumps([1, 4097]), json.dumps(["float32"])])
+    rooted([json.dumps([7, 4097]), json.dumps(["int32"])])
+    group_colls([])
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](sys.argv[2:])
