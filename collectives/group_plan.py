@@ -10,7 +10,7 @@ p2p works (``p2p.P2p.prepare``).  Each channel runs its collectives' parts, then
 Where we differ on purpose: a plan never fills up (NCCL starts another plan when the work FIFO budget is
 spent), the LL compiled path is not used for grouped collectives, several Broadcasts with different roots are
 scheduled as collectives (NCCL 2.30 turns them into its allgatherv path), and the status page publishes the
-plan's first collective for the peers' signature checks.
+plan's first collective (with the group's summed count) for the peers' signature checks.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from . import enqueue, p2p
 from .device import launch as device_launch
 from .device.common import run_in_order
 from .device.reduce_copy import dtype_name, reduce_copy
-from .task import IN_PLACE_MATTERS, in_place, new_task
+from .task import IN_PLACE_MATTERS, Task, in_place, new_task
 
 
 @dataclasses.dataclass
@@ -37,7 +37,7 @@ class QueuedColl:
     count: int
     op: str
     root: int
-    task: object  # task.Task: the op resolved (a bad one raised at the call)
+    task: Task  # the op resolved (a bad one raised at the call)
 
 
 def enqueue_coll(comm, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> None:
@@ -83,7 +83,11 @@ def launch(comm) -> None:
             ordered, plans, _ = prepare(comm, colls)
             first = colls[0].task
             comm._kernel.reset(comm.op_count, f"{first.func} in a group of {len(queued)}")
-            comm.health.publish(comm.op_count, first.signature, first.sig)
+            # the peers compare it: a group of several publishes its first call with the group's summed count, so
+            # that a peer making the same calls one by one (another plan, other channel parts) is a mismatch
+            sig = (first.signature[0], sum(c.count for c in colls), *first.signature[2:]) if len(colls) > 1 \
+                else first.signature
+            comm.health.publish(comm.op_count, sig, np.array((0, *sig), np.int64))
             _run(comm, comm._kernel, ordered, plans, seq_of)
     finally:
         comm.op_count += len(queued)
@@ -94,6 +98,8 @@ def _run(comm, kernel, ordered: list[QueuedColl], plans: list[enqueue.Plan], seq
     sends."""
     tracer, conns = comm.tracer, comm.conns
     works = comm._p2p.prepare(conns)
+    if not works and not ordered:
+        return  # only count-0 calls: no plan
     if works:  # every failure line names the plan's p2p ops: peers, bytes, rounds
         kernel.func = f"{kernel.func} [{p2p.describe_works(works)}]"
     by_channel: dict[int, list] = collections.defaultdict(list)

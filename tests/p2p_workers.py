@@ -435,6 +435,19 @@ def named(args: list[str]) -> None:
         comm.all_reduce(small)
 
 
+def group_vs_alone(args: list[str]) -> None:
+    """Rank 0 groups two AllReduces, the others make them one by one: a mismatch, named at once."""
+    with collectives.Communicator() as comm:
+        x = np.ones(100000, np.float32)
+        if comm.rank == 0:
+            with collectives.group():
+                comm.all_reduce(x)
+                comm.all_reduce(x)
+        else:
+            comm.all_reduce(x)
+            comm.all_reduce(x)
+
+
 def coverage(args: list[str]) -> None:
     """One run for one configuration (n = 8, NET/IB): every send/recv pair, all-to-all, gather and scatter at every
     root, and the grouped collectives, each worker above on a communicator of its own, fewer sizes."""

@@ -113,3 +113,12 @@ def test_group_end_simulate_returns_the_cost_models_time():
     cost model's formula written again, and that nothing ran."""
     proc = run_ranks(2, "simulate", script="p2p_workers.py")
     assert proc.stdout.count("ok simulate") == 2, proc.stdout
+
+
+def test_a_group_against_calls_one_by_one_is_a_mismatch():
+    """Two AllReduces grouped on rank 0, made one by one on rank 1: other plans, other channel parts; the status
+    pages tell them apart at once (the group publishes its summed count), well before the 30 s deadline."""
+    proc = run_ranks(2, "group_vs_alone", script="p2p_workers.py", check=False, timeout=120)
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "mismatch" in line.lower()]
+    assert any("count=200000" in line and "count=100000" in line for line in lines), proc.stderr[-3000:]
