@@ -46,7 +46,7 @@ from .job import install_fatal_hook, rank_env
 from . import group_plan, groups
 from .p2p import P2p, check_moved_on
 from .rooted import GatherScatter
-from .split import child_unique_id, split_info
+from .split import SplitBootstrap, child_magic, split_info
 from .p2p_schedule import P2pChannels, p2p_channels, p2p_schedule
 from .peers import exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
@@ -74,7 +74,7 @@ class Communicator(GatherScatter):
     def __init__(self, unique_id: UniqueId | bytes | None = None, nranks: int | None = None,
                  rank: int | None = None, *, rings: list[list[int]] | None = None,
                  search_channels: int | None = None, protocols: str | None = None, algorithms: str | None = None,
-                 device: str | None = None):
+                 device: str | None = None, _bootstrap: Bootstrap | None = None):
         install_fatal_hook()  # an uncaught error ends the whole job (MPI_Abort under mpirun)
         if unique_id is None:
             unique_id, nranks, rank = rank_env()
@@ -87,7 +87,9 @@ class Communicator(GatherScatter):
         self._kernel: Kernel | None = None
         self._error: str | None = None
         self._destroyed = False
-        self.bootstrap = Bootstrap(unique_id, rank, nranks)
+        self._split_count = 0  # NCCL's childCount: part of each child's hash
+        # a split's child brings the bootstrap its parent's ring built (split.SplitBootstrap)
+        self.bootstrap = _bootstrap if _bootstrap is not None else Bootstrap(unique_id, rank, nranks)
         self.health: Health | None = None      # status pages, checks while waiting, hang reports
         self.conns: Connections | None = None  # the transports' state: segments, net plugin, proxy
         try:
@@ -363,17 +365,19 @@ class Communicator(GatherScatter):
         """``ncclCommSplit`` (nccl4py's ``Communicator.split(color, key)``): every rank of this communicator calls
         it; the ranks of one ``color`` become a new communicator, ranked by ``key`` then by rank here.  ``color``
         None (``NCCL_SPLIT_NOCOLOR``) takes part and gets None (nccl4py: a null communicator).  The child is a full
-        communicator (its own bootstrap, channels and connections) on this one's device and environment; rings,
+        communicator (its own bootstrap ring, built through this one's as ``bootstrapSplit`` does, its own channels
+        and connections) on this one's device and environment; rings,
         protocols or algorithms given to this one's constructor are not passed on.  This one stays usable."""
         self._check()
         if groups.depth():
             raise RuntimeError("split inside a group: not supported here (NCCL's needs a nonblocking communicator)")
         info = split_info(self.bootstrap, color, key)
+        count, self._split_count = self._split_count, self._split_count + 1
         if info is None:
             return None
         ranks, child_rank = info
-        uid = child_unique_id(self.bootstrap, ranks, child_rank)
-        return type(self)(uid, len(ranks), child_rank, device=self.device.name)
+        boot = SplitBootstrap(self.bootstrap, ranks, child_rank, child_magic(self.bootstrap.uid.magic, count, color))
+        return type(self)(boot.uid, len(ranks), child_rank, device=self.device.name, _bootstrap=boot)
 
     def _check_root(self, root: int) -> None:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.nranks:

@@ -277,8 +277,14 @@ def split(args: list[str]) -> None:
         n, r = comm.nranks, comm.rank
         assert n == 4
         seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        from collectives import bootstrap
         for colors, keys in (([1, 0, 1, None], [10, 0, 5, 0]), ([4, 4, 4, None], [-0, -1, -2, 0])):
+            roots = set(bootstrap._roots) | set(bootstrap._listeners)
             child = comm.split(colors[r], keys[r])
+            # bootstrapSplit: the child's ring came through the parent's, no root was opened for it
+            assert set(bootstrap._roots) | set(bootstrap._listeners) == roots, "the split opened a bootstrap root"
+            if child is not None:
+                assert child.bootstrap.uid.port == 0 and type(child.bootstrap).__name__ == "SplitBootstrap"
             if colors[r] is None:
                 assert child is None
             else:
