@@ -44,7 +44,7 @@ from .graph.trees import tree_table
 from .health import Health
 from .job import install_fatal_hook, rank_env
 from . import group_plan, groups
-from .p2p import P2p, check_moved_on
+from .p2p import P2p, P2pChecks
 from .rooted import GatherScatter
 from .split import SplitBootstrap, child_magic, split_info
 from .p2p_schedule import P2pChannels, p2p_channels, p2p_schedule
@@ -170,8 +170,8 @@ class Communicator(GatherScatter):
         self._p2p = P2p(self.rank, self.nranks, self.p2p, self._p2p_schedule, self.buff_sizes)
         if self.conns is not None:
             self.conns.peer_check = h.check_peer
-        self._p2p_kernel = Kernel(self.rank, 0, "SendRecv", lambda k: (h.check_p2p(k), check_moved_on(h, k)),
-                                  lambda peer: None, self.oversubscribed, h.suspects, h.warn)
+        self._p2p_kernel = Kernel(self.rank, 0, "SendRecv", P2pChecks(h), lambda peer: None, self.oversubscribed,
+                                  h.suspects, h.warn)
         self._p2p_kernel.tracer = self.tracer
         self._compiled = None if self._gpu else ll_compiled.Cache(self.channels, self.nranks, h.pages, h.mine,
                                                                   self.rank)

@@ -185,6 +185,30 @@ def describe_works(works: list) -> str:
     return "; ".join(parts)
 
 
+class P2pChecks:
+    """What the p2p kernel checks while it waits: ``Health.check_p2p`` (a waited-for peer gone, aborted or
+    destroyed), then ``check_moved_on``.  A peer that destroyed its communicator or moved on may have done so
+    right after posting the last bytes this rank waits for, and the kernel last looked at its FIFOs before they
+    came: a failure is raised only when a second check, one round of looking later, finds the same wait with
+    still no progress (a p2p op has no opCount that would tell, as a collective's completed count does)."""
+
+    def __init__(self, health):
+        self.health = health
+        self.suspect: tuple | None = None
+
+    def __call__(self, kernel) -> None:
+        try:
+            self.health.check_p2p(kernel)
+            check_moved_on(self.health, kernel)
+        except CollectiveError as exc:
+            seen = (kernel.op_count, kernel.progress)
+            if exc.secondary or self.suspect == seen:
+                raise
+            self.suspect = seen  # look at the FIFOs once more first
+            return
+        self.suspect = None
+
+
 def check_moved_on(health, kernel) -> None:
     """While a p2p kernel waits for a peer on this host: if that peer has already started the collective this rank
     will call next (its status page holds this opCount's signature), it cannot be posting what this rank waits for
