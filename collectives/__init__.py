@@ -18,7 +18,7 @@ transports import, or a launcher that needs only ``job``, does not import the co
 """
 
 __all__ = ["Communicator", "CollectiveError", "UniqueId", "get_unique_id", "DTYPES", "OPS", "SUM", "PROD", "MAX",
-           "MIN", "AVG", "group", "group_start", "group_end"]
+           "MIN", "AVG", "group", "group_start", "group_end", "GroupSimInfo"]
 
 
 def __getattr__(name: str):
@@ -26,7 +26,7 @@ def __getattr__(name: str):
         from . import api as module
     elif name in ("UniqueId", "get_unique_id"):
         from . import bootstrap as module
-    elif name in ("group", "group_start", "group_end"):
+    elif name in ("group", "group_start", "group_end", "GroupSimInfo"):
         from . import groups as module
     elif name == "Communicator":
         from . import comm as module

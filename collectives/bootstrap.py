@@ -208,7 +208,7 @@ def get_unique_id() -> UniqueId:
 
 def new_unique_id() -> UniqueId:
     """A root listener of its own, on a free port, with a random magic (``ncclGetUniqueId`` without
-    ``NCCL_COMM_ID``; a split's child takes one even when the parent came from ``NCCL_COMM_ID``)."""
+    ``NCCL_COMM_ID``)."""
     magic = secrets.randbits(64)  # getRandomData: a stranger cannot guess it
     _, addr = sockets.find_interface()
     host, port = _open_root(addr, 0, magic)
@@ -237,17 +237,12 @@ class Bootstrap:
     def _init(self) -> None:
         deadline = self._deadline()
         uid = self.uid
-        if self.rank == 0:
-            if uid.magic not in _listeners and uid.magic not in _roots:
-                _open_root(uid.host, uid.port, uid.magic)  # NCCL_COMM_ID: rank 0 hosts the root
-            if uid.magic in _listeners:
-                _run_root(uid.magic, self.nranks)
         _, my_addr = sockets.find_interface()
         srv = Listener(sockets.listen(my_addr), uid.magic, SOCKET_TYPE_BOOTSTRAP, f"bootstrap ring of rank "
                                                                                    f"{self.rank}")
         ok = False
         try:
-            next_host, next_port = self._join_root(deadline, srv.address())
+            next_host, next_port = self._ring_successor(deadline, srv.address())
             if self.nranks == 1:
                 return
             self.next_sock = sockets.connect((next_host, next_port), deadline,
@@ -268,6 +263,17 @@ class Bootstrap:
         finally:
             if not ok:
                 srv.close()
+
+    def _ring_successor(self, deadline: float, my_addr: tuple[str, int]) -> tuple[str, int]:
+        """Where the ring's next rank listens: from the root (``bootstrapInit``), which rank 0 runs; a split's
+        child asks its parent's ring instead (``split.SplitBootstrap``)."""
+        uid = self.uid
+        if self.rank == 0:
+            if uid.magic not in _listeners and uid.magic not in _roots:
+                _open_root(uid.host, uid.port, uid.magic)  # NCCL_COMM_ID: rank 0 hosts the root
+            if uid.magic in _listeners:
+                _run_root(uid.magic, self.nranks)
+        return self._join_root(deadline, my_addr)
 
     def _join_root(self, deadline: float, my_addr: tuple[str, int]) -> tuple[str, int]:
         """Tell the root where this rank listens; its answer is the successor's address, or why not."""

@@ -43,10 +43,10 @@ from .graph.rings import parse_rings, ring_orders
 from .graph.trees import tree_table
 from .health import Health
 from .job import install_fatal_hook, rank_env
-from . import groups
-from .p2p import P2p
+from . import group_plan, groups
+from .p2p import P2p, P2pChecks
 from .rooted import GatherScatter
-from .split import child_unique_id, split_info
+from .split import SplitBootstrap, child_magic, split_info
 from .p2p_schedule import P2pChannels, p2p_channels, p2p_schedule
 from .peers import exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
@@ -74,7 +74,7 @@ class Communicator(GatherScatter):
     def __init__(self, unique_id: UniqueId | bytes | None = None, nranks: int | None = None,
                  rank: int | None = None, *, rings: list[list[int]] | None = None,
                  search_channels: int | None = None, protocols: str | None = None, algorithms: str | None = None,
-                 device: str | None = None):
+                 device: str | None = None, _bootstrap: Bootstrap | None = None):
         install_fatal_hook()  # an uncaught error ends the whole job (MPI_Abort under mpirun)
         if unique_id is None:
             unique_id, nranks, rank = rank_env()
@@ -87,7 +87,9 @@ class Communicator(GatherScatter):
         self._kernel: Kernel | None = None
         self._error: str | None = None
         self._destroyed = False
-        self.bootstrap = Bootstrap(unique_id, rank, nranks)
+        self._split_count = 0  # NCCL's childCount: part of each child's hash
+        # a split's child brings the bootstrap its parent's ring built (split.SplitBootstrap)
+        self.bootstrap = _bootstrap if _bootstrap is not None else Bootstrap(unique_id, rank, nranks)
         self.health: Health | None = None      # status pages, checks while waiting, hang reports
         self.conns: Connections | None = None  # the transports' state: segments, net plugin, proxy
         try:
@@ -168,12 +170,13 @@ class Communicator(GatherScatter):
         self._p2p = P2p(self.rank, self.nranks, self.p2p, self._p2p_schedule, self.buff_sizes)
         if self.conns is not None:
             self.conns.peer_check = h.check_peer
-        self._p2p_kernel = Kernel(self.rank, 0, "SendRecv", h.check_p2p, lambda peer: None, self.oversubscribed,
+        self._p2p_kernel = Kernel(self.rank, 0, "SendRecv", P2pChecks(h), lambda peer: None, self.oversubscribed,
                                   h.suspects, h.warn)
         self._p2p_kernel.tracer = self.tracer
         self._compiled = None if self._gpu else ll_compiled.Cache(self.channels, self.nranks, h.pages, h.mine,
                                                                   self.rank)
         self._tasks: dict[tuple, Task] = {}
+        self.group_colls: list = []  # collectives queued in an open group (group_plan.QueuedColl)
         self._log_coll, self._log_tuning = debug.enabled("INFO", "COLL"), debug.enabled("INFO", "TUNING")
         debug.info("INIT", f"ncclCommInitRank comm {hex(id(self))} rank {self.rank} nranks {self.nranks} "
                            f"cudaDev {self.local_rank} "
@@ -235,8 +238,12 @@ class Communicator(GatherScatter):
     def _launch(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> None:
         """``ncclEnqueueCheck`` + ``ncclLaunchKernel`` for one collective (its ``Task`` is built on first use)."""
         self._check()
-        if groups.depth():
-            raise RuntimeError(f"{func} inside a group: groups hold only send and recv here")
+        if groups.depth():  # queued for the group's one plan (group_plan.py)
+            if self._gpu is not None:
+                raise NotImplementedError(f"{func} inside a group on --device {self.device.name}: only the CPU "
+                                          f"device plans groups")
+            group_plan.enqueue_coll(self, func, send, recv, count, op, root)
+            return groups.enqueue(self)
         task = self._tasks.get((func, count, send.dtype, op, root))
         if task is None:
             if len(self._tasks) > 4096:  # many distinct calls: start again rather than grow without bound
@@ -275,15 +282,15 @@ class Communicator(GatherScatter):
         groups.enqueue(self)
 
     def group_launch(self) -> None:
-        """``groupLaunch`` for this communicator: connect, plan and run its queued sends and receives; a failure
-        puts the communicator in error, as a collective's does."""
-        if not self._p2p.pending:
+        """``groupLaunch`` for this communicator: connect, plan and run its queued collectives, sends and receives
+        as one plan (``group_plan.launch``); a failure puts the communicator in error, as a collective's does."""
+        if not self._p2p.pending and not self.group_colls:
             return
         self._check()
-        kernel = self._p2p_kernel
+        kernel = self._kernel if any(c.count for c in self.group_colls) else self._p2p_kernel
         kernel.reset(self.op_count, "SendRecv")
         try:
-            self._p2p.launch(kernel, self.conns)
+            group_plan.launch(self)
         except (CollectiveError, BootstrapError) as exc:
             err = exc if isinstance(exc, CollectiveError) else CollectiveError(str(exc))
             self._error = str(err)
@@ -296,6 +303,12 @@ class Communicator(GatherScatter):
     def group_abandon(self) -> None:
         """The group was left by an exception: drop what it queued."""
         self._p2p.clear()
+        self.group_colls = []
+
+    def group_simulate(self) -> float | None:
+        """``ncclGroupSimulateEnd`` for this communicator (``group_plan.simulate``)."""
+        self._check()
+        return group_plan.simulate(self)
 
     def _run(self, task: Task, send, recv, compiled, placed: bool) -> None:
         plan, func, tracer = task.plan, task.func, self.tracer
@@ -315,9 +328,10 @@ class Communicator(GatherScatter):
         launch.run_plan(kernel, task, self.channels, self.nranks, send, recv, compiled, self.conns, self.health,
                         placed)
         if tracer is not None:
-            tracer.add("coll", self.op_count, func, plan.algo, plan.proto, task.count,
-                       dtype_name(send.dtype) if func not in IN_PLACE_MATTERS else "int8", task.redop.name,
-                       task.root, plan.nchannels, t0, now())
+            t1 = now()
+            tracer.add_plan([(self.op_count, func, plan.algo, plan.proto, task.count,
+                              dtype_name(send.dtype) if func not in IN_PLACE_MATTERS else "int8", task.redop.name,
+                              task.root, plan.nchannels, t0, t1)], 0, t0, t1)
 
     def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
         """How ``func`` of ``count`` elements would run: protocol, channels, parts, chunks (no data moves)."""
@@ -351,17 +365,19 @@ class Communicator(GatherScatter):
         """``ncclCommSplit`` (nccl4py's ``Communicator.split(color, key)``): every rank of this communicator calls
         it; the ranks of one ``color`` become a new communicator, ranked by ``key`` then by rank here.  ``color``
         None (``NCCL_SPLIT_NOCOLOR``) takes part and gets None (nccl4py: a null communicator).  The child is a full
-        communicator (its own bootstrap, channels and connections) on this one's device and environment; rings,
+        communicator (its own bootstrap ring, built through this one's as ``bootstrapSplit`` does, its own channels
+        and connections) on this one's device and environment; rings,
         protocols or algorithms given to this one's constructor are not passed on.  This one stays usable."""
         self._check()
         if groups.depth():
-            raise RuntimeError("split inside a group: groups hold only send and recv here")
+            raise RuntimeError("split inside a group: not supported here (NCCL's needs a nonblocking communicator)")
         info = split_info(self.bootstrap, color, key)
+        count, self._split_count = self._split_count, self._split_count + 1
         if info is None:
             return None
         ranks, child_rank = info
-        uid = child_unique_id(self.bootstrap, ranks, child_rank)
-        return type(self)(uid, len(ranks), child_rank, device=self.device.name)
+        boot = SplitBootstrap(self.bootstrap, ranks, child_rank, child_magic(self.bootstrap.uid.magic, count, color))
+        return type(self)(boot.uid, len(ranks), child_rank, device=self.device.name, _bootstrap=boot)
 
     def _check_root(self, root: int) -> None:
         if not isinstance(root, (int, np.integer)) or not 0 <= root < self.nranks:

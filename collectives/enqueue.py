@@ -2,8 +2,11 @@
 
 * ``topo_get_algo_info`` (``topoGetAlgoInfo``): shrink the channel and thread counts for small sizes.
 * ``calc_coll_chunking`` (``calcCollChunking``): the chunk size of a (function, algorithm, protocol).
-* ``schedule_coll`` (``scheduleCollTasksToPlan`` + ``ncclCollCbdPart``): the continuous-byte-distribution split
-  of the element space into one contiguous part per channel, each with its own chunk count.
+* ``schedule_colls`` (``scheduleCollTasksToPlan`` + ``ncclCollCbdPart``): the continuous-byte-distribution split
+  of each task's element space into contiguous parts, one per channel, each with its own chunk count, the tasks of
+  a plan laid one after another over the channels; ``schedule_coll``: one task alone.
+* ``prepare_colls`` (``ncclPrepareTasks``): a group's collectives sorted, binned and aggregated for their
+  algorithm choice.
 AllGather and Broadcast are counted in bytes (NCCL retypes them as int8 in ``collTaskAppend``).
 * ``plan_coll``: the cost model's algorithm and protocol for the call's size, then ``schedule_coll`` (what
   ``ncclPrepareTasks`` does per task); the communicator and the GPU threads mode both plan through it.
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from collectives.include.bitops import div_up
+from collectives.include.bitops import div_up, u32fp_encode
 from collectives.include.device import FUNCS, NCCL_MAX_NTHREADS, NCCL_STEPS, WARP_SIZE
 from collectives.include.protocols import LL, LL128, PROTOCOLS, SIMPLE
 from tracing import debug
@@ -122,32 +125,80 @@ class Plan:
         return len(self.works)
 
 
+@dataclass(frozen=True)
+class CollSpec:
+    """What ``ncclPrepareTasks`` fixes for one ``ncclTaskColl`` before it is scheduled: the call, its algorithm
+    and protocol, and ``topoGetAlgoInfo``'s nMaxChannels and nWarps (of its aggregate, in a group)."""
+    func: str
+    count: int
+    elt_size: int
+    algo: str
+    proto: str
+    n_max_channels: int
+    n_warps: int
+
+
 def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "Ring",
                   proto: str = "Simple") -> Plan:
-    """One collective, alone and first in its plan (channelId 0, no traffic yet on any channel)."""
-    if func in ("AllGather", "Broadcast"):
-        count, elt_size = count * elt_size, 1
-    n = t.nranks
-    nbytes = elt_size * max_send_recv_count(func, n, count)
+    """One collective, alone in its plan (channelId 0, no traffic yet on any channel)."""
+    nbytes = elt_size * max_send_recv_count(func, t.nranks, count)  # the same bytes once retyped as int8
     n_max_ch, n_warps = topo_get_algo_info(t, algo, proto, nbytes)
-    steps = PROTOCOLS[proto].chunk_slice_steps(algo, CHUNKSTEPS[func], SLICESTEPS[func])
-    if count == 0:
-        return Plan(func, algo, proto, elt_size, 0, n_max_ch, (), n_warps, *steps)
-    tpb = traffic_per_byte(func, n) * (4 if PROTOCOLS[proto] is LL else 1)
-    task_traffic = count * elt_size * tpb
-    comm_channels = t.nchannels
-    nch = min(n_max_ch, comm_channels)
-    traffic_per_channel = div_up(max(MIN_TRAFFIC_PER_CHANNEL, task_traffic) // nch, 16) * 16
+    return schedule_colls(t, [CollSpec(func, count, elt_size, algo, proto, n_max_ch, n_warps)])[0]
+
+
+def schedule_colls(t: Tuning, specs: list[CollSpec]) -> list[Plan]:
+    """``scheduleCollTasksToPlan``: the tasks of one plan, in order, over the communicator's channels.  First the
+    plan's traffic (each task at least ``MinTrafficPerChannel``) and channel count (the tasks' nMaxChannels
+    summed, at most the communicator's) give the traffic per channel; then each task is cut into cells and laid
+    from the channel and the traffic where the task before it stopped (``ncclCollCbdPart``'s lo / mid / hi
+    counts).  Where we differ on purpose: no work budget (a plan never overflows here), no CollNet or NVLS kinds."""
+    comm_channels, n = t.nchannels, t.nranks
+    specs = [s if s.func not in ("AllGather", "Broadcast") else  # NCCL retypes them as int8 (collTaskAppend)
+             CollSpec(s.func, s.count * s.elt_size, 1, s.algo, s.proto, s.n_max_channels, s.n_warps) for s in specs]
+
+    def tpb(s: CollSpec) -> int:
+        return traffic_per_byte(s.func, n) * (4 if PROTOCOLS[s.proto] is LL else 1)
+
+    live = [s for s in specs if s.count]
+    plan_traffic = sum(max(MIN_TRAFFIC_PER_CHANNEL, s.count * s.elt_size * tpb(s)) for s in live)
+    plan_channels = min(sum(s.n_max_channels for s in live), comm_channels)
+    traffic_per_channel = div_up(plan_traffic // plan_channels, 16) * 16 if live else 0
+    channel_id, current = 0, 0
+    plans = []
+    for s in specs:
+        steps = PROTOCOLS[s.proto].chunk_slice_steps(s.algo, CHUNKSTEPS[s.func], SLICESTEPS[s.func])
+        if s.count == 0:  # NCCL never enqueues it
+            plans.append(Plan(s.func, s.algo, s.proto, s.elt_size, 0, s.n_max_channels, (), s.n_warps, *steps))
+            continue
+        parts, channel_id, current = _cbd_parts(s.count, s.elt_size, tpb(s), traffic_per_channel, channel_id,
+                                                current, comm_channels)
+        grain = PROTOCOLS[s.proto].grain
+        elts_per_grain = grain // s.elt_size
+        global_bytes = s.elt_size * max_send_recv_count(s.func, n, 1)  # per element, not traffic (no x2)
+        works, offset = [], 0
+        for c, part in parts:  # each part its own chunk: calcCollChunking(nChannels=1, its bytes)
+            chunk_count = calc_coll_chunking(t, s.func, s.algo, s.proto, global_bytes * part) // grain * elts_per_grain
+            works.append(ChannelWork(c, offset, part, chunk_count, s.count))
+            offset += part
+        plans.append(Plan(s.func, s.algo, s.proto, s.elt_size, s.count, s.n_max_channels, tuple(works), s.n_warps,
+                          *steps))
+    return plans
+
+
+def _cbd_parts(count: int, elt_size: int, tpb: int, traffic_per_channel: int, channel_id: int, current: int,
+               comm_channels: int) -> tuple[list[tuple[int, int]], int, int]:
+    """One task's (channel, count) parts from ``channel_id`` with ``current`` traffic on it already, and where
+    the next task starts (``scheduleCollTasksToPlan``'s cellsLo / nMidChannels / cellsHi, then its update of
+    channelId and currentTraffic)."""
     cell_size = div_up(div_up(MIN_TRAFFIC_PER_CHANNEL, tpb), 16) * 16
     elts_per_cell = cell_size // elt_size
     cells = div_up(count * elt_size, cell_size)
-    traffic_per_cell = cell_size * tpb
+    traffic_per_elt, traffic_per_cell = elt_size * tpb, cell_size * tpb
     cells_per_channel = min(cells, div_up(traffic_per_channel, traffic_per_cell))
-    channel_id = 0
-    if channel_id + 1 == comm_channels:
+    if channel_id + 1 == comm_channels:  # the last channel takes everything
         cells_lo = cells
     else:
-        cells_lo = min(cells, div_up(traffic_per_channel, traffic_per_cell))
+        cells_lo = min(cells, div_up(traffic_per_channel - current, traffic_per_cell))
     n_mid = (cells - cells_lo) // cells_per_channel
     cells_hi = (cells - cells_lo) % cells_per_channel
     used = (cells_lo != 0) + n_mid + (cells_hi != 0)
@@ -157,6 +208,12 @@ def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "
         cells_hi = cells_per_channel + (cells - cells_lo) % (n_mid + 1)
     if cells_hi == 0 and n_mid != 0:
         cells_hi, n_mid = cells_per_channel, n_mid - 1
+    if cells_lo == 0:  # the current channel is full: the next one becomes the lowest
+        channel_id += 1
+        if n_mid == 0:
+            cells_lo, cells_hi = cells_hi, 0
+        else:
+            cells_lo, n_mid = cells_per_channel, n_mid - 1
     count_mid = cells_per_channel * elts_per_cell if n_mid else 0
     count_lo, count_hi = cells_lo * elts_per_cell, cells_hi * elts_per_cell
     excess = cells * elts_per_cell - count
@@ -164,16 +221,17 @@ def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "
         count_hi -= excess
     else:
         count_lo -= excess
-    grain = PROTOCOLS[proto].grain
-    elts_per_grain = grain // elt_size
-    global_bytes = elt_size * max_send_recv_count(func, n, 1)  # per element, not traffic (no x2 for AllReduce)
-    parts = [count_lo] + [count_mid] * n_mid + ([count_hi] if cells_hi else [])
-    works, offset = [], 0
-    for c, part in enumerate(parts):  # each part its own chunk: calcCollChunking(nChannels=1, its bytes)
-        chunk_count = calc_coll_chunking(t, func, algo, proto, global_bytes * part) // grain * elts_per_grain
-        works.append(ChannelWork(channel_id + c, offset, part, chunk_count, count))
-        offset += part
-    return Plan(func, algo, proto, elt_size, count, n_max_ch, tuple(works), n_warps, *steps)
+    counts = [count_lo] + [count_mid] * n_mid + ([count_hi] if cells_hi else [])
+    parts = [(channel_id + i, c) for i, c in enumerate(counts)]
+    if count_hi:
+        channel_id, current = channel_id + len(counts) - 1, cells_hi * elts_per_cell * traffic_per_elt
+    elif n_mid:
+        channel_id, current = channel_id + len(counts), 0
+    else:
+        current += cells_lo * elts_per_cell * traffic_per_elt
+    if current >= traffic_per_channel and channel_id + 1 != comm_channels:
+        channel_id, current = channel_id + 1, 0
+    return parts, channel_id, current
 
 
 def plan_coll(t: Tuning, choose, func: str, count: int, elt_size: int) -> Plan:
@@ -186,6 +244,55 @@ def plan_coll(t: Tuning, choose, func: str, count: int, elt_size: int) -> Plan:
         debug.trace("COLL", f"{nbytes} Bytes -> Algo {ALGOS.index(algo)} proto {PROTOCOLS[proto].id} "
                             f"time {predicted:f}")
     return schedule_coll(t, func, count, elt_size, algo, proto)
+
+
+SORTER_UNIT_LOG2, SORTER_MAX_LOG2, SORTER_BITS_PER_POW2 = 10, 30, 2  # struct ncclTaskCollSorter
+SORTER_BINS = 1 + (SORTER_MAX_LOG2 - SORTER_UNIT_LOG2) * (1 << SORTER_BITS_PER_POW2)
+
+
+def prepare_colls(t: Tuning, choose, tasks: list[tuple]) -> tuple[list[int], list[CollSpec], float | None]:
+    """``ncclPrepareTasks`` for a group's collectives, ``tasks`` as (func, count, elt_size, op, dtype) in call
+    order.  ``collTaskAppend`` puts each in the size sorter by its traffic (``ncclTaskCollSorterInsert``: bins of
+    a quarter power of two, largest first, the last inserted first within a bin); the sorted tasks are binned by
+    (function, op, type), each bin walked smallest first; tasks within 4x of a run's first are aggregated and one
+    ``ncclGetAlgoInfo`` (``choose``: bytes, numPipeOps -> algorithm, protocol, time) is made for their summed
+    count, numPipeOps being the group's tasks per channel.  Returns the plan's order (indices into ``tasks``),
+    the specs in that order, and the time of the last choice (``ncclSimInfo_t.estimatedTime``; None: no
+    collective).  Count-0 tasks never reach the planner (``ncclEnqueueCheck`` returns first)."""
+    n = t.nranks
+    live = [i for i, task in enumerate(tasks) if task[1]]
+
+    def traffic(i: int) -> int:
+        func, count, elt = tasks[i][:3]
+        return count * elt * traffic_per_byte(func, n)
+
+    def sorter_bin(size: int) -> int:
+        return SORTER_BINS - 1 - u32fp_encode(min(1 << SORTER_MAX_LOG2, size) >> SORTER_UNIT_LOG2,
+                                              SORTER_BITS_PER_POW2)
+
+    ordered = sorted(live, key=lambda i: (sorter_bin(traffic(i)), -i))
+    bins: dict[tuple, list[int]] = {}
+    for i in ordered:  # a LIFO per (fn, op, ty), in order of first appearance
+        func, _, elt, op, dtype = tasks[i]
+        bins.setdefault((func, op, dtype), []).insert(0, i)
+    pipe_ops = div_up(len(live), t.nchannels)
+    order, specs, estimated = [], [], None
+    for run in bins.values():
+        k = 0
+        while k < len(run):
+            end = k + 1
+            while end < len(run) and traffic(run[end]) < 4 * traffic(run[k]):
+                end += 1
+            func, _, elt = tasks[run[k]][:3]
+            count = sum(tasks[i][1] for i in run[k:end])
+            nbytes = elt * max_send_recv_count(func, n, count)
+            algo, proto, estimated = choose(func, nbytes, pipe_ops)
+            n_max, n_warps = topo_get_algo_info(t, algo, proto, nbytes)
+            for i in run[k:end]:
+                order.append(i)
+                specs.append(CollSpec(func, tasks[i][1], elt, algo, proto, n_max, n_warps))
+            k = end
+    return order, specs, estimated
 
 
 def ring_calls(func: str, nranks: int, work: ChannelWork, user_ranks, root: int) -> tuple[int, int]:

@@ -1,18 +1,21 @@
 """Groups of operations (NCCL ``src/group.cc``: ``ncclGroupStart``, ``ncclGroupEnd`` → ``ncclGroupEndInternal`` →
 ``groupLaunch``; the per-thread ``ncclGroupDepth`` and list of communicators with pending work).
 
-Between ``group_start()`` and ``group_end()`` (or inside ``with group():``) sends and receives are only queued on
-their communicator; the outermost ``group_end`` launches every queued communicator: it connects the peers met
-for the first time, then runs each communicator's p2p works in one kernel.  Outside a group, an operation is a
-group of its own (``ncclEnqueueCheck`` wraps it in a group start and end), so it returns once its peer's matching
-operation has run.
-Where we differ on purpose: groups hold only point-to-point operations (a collective inside a group raises), and
-the communicators of one group are launched one after another, which is enough when each process has one.
+Between ``group_start()`` and ``group_end()`` (or inside ``with group():``) collectives, sends and receives are
+only queued on their communicator; the outermost ``group_end`` launches every queued communicator: it connects
+the peers met for the first time, then runs each communicator's collectives and p2p works as one plan in one
+kernel (``group_plan.py``).  Outside a group, an operation is a group of its own (``ncclEnqueueCheck`` wraps it in
+a group start and end), so it returns once its peer's matching operation has run.
+``group_end(simulate=True)`` is ``ncclGroupSimulateEnd``: the queued work is planned, not run, and the cost
+model's estimated time comes back in a ``GroupSimInfo`` (nccl4py's ``nccl.core.group_end(simulate=True)``).
+Where we differ on purpose: the communicators of one group are launched one after another, which is enough
+when each process has one.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
+from dataclasses import dataclass
 from typing import Iterator
 
 _state = threading.local()  # NCCL's thread_local ncclGroupDepth and ncclGroupCommHead
@@ -36,16 +39,34 @@ def group_start() -> None:
     _state.depth += 1
 
 
-def group_end() -> None:
+NCCL_UNDEF_FLOAT = -1.0  # ncclSimInfo_t's estimatedTime until a collective is planned
+
+
+@dataclass(frozen=True)
+class GroupSimInfo:
+    """``ncclSimInfo_t`` (nccl4py's ``GroupSimInfo``): ``estimated_time`` in microseconds, the cost model's time
+    (``ncclTopoGetAlgoTime``) of the last algorithm choice ``ncclPrepareTasks`` made, -1.0 when the group planned
+    no collective (p2p operations are not estimated, nor is an inner group's end)."""
+    estimated_time: float
+
+
+def group_end(*, simulate: bool = False) -> GroupSimInfo | None:
     """``ncclGroupEnd``: close a group; the outermost one launches every communicator that queued work
-    (``groupLaunch``), and forgets them even if one fails (``groupCleanup``)."""
+    (``groupLaunch``), and forgets them even if one fails (``groupCleanup``).  ``simulate``:
+    ``ncclGroupSimulateEnd``, nothing runs (``groupLaunch`` with a simInfo prepares the tasks, launches none)."""
     comms = _pending()
     if _state.depth == 0:
         raise RuntimeError("group_end() without a matching group_start()")  # ncclInvalidUsage
     _state.depth -= 1
     if _state.depth:
-        return
+        return GroupSimInfo(NCCL_UNDEF_FLOAT) if simulate else None
     _state.comms = []
+    if simulate:
+        estimated = NCCL_UNDEF_FLOAT
+        for comm in comms:
+            t = comm.group_simulate()
+            estimated = estimated if t is None else t
+        return GroupSimInfo(estimated)
     first = None
     for comm in comms:
         try:
@@ -54,6 +75,7 @@ def group_end() -> None:
             first = first or exc
     if first is not None:
         raise first
+    return None
 
 
 @contextlib.contextmanager

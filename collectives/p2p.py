@@ -12,7 +12,7 @@ returns once the network has taken the last send, as collectives do here (``tran
 from __future__ import annotations
 
 import collections
-from typing import Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from transports.connections import Connections
 
 from . import enqueue_p2p
 from .device import sendrecv
+from .device.common import CollectiveError, run_in_order
+from .health import DTYPE_NAMES
+from .status import describe
 from .p2p_schedule import P2pChannels
 
 
@@ -109,6 +112,7 @@ class P2p:
                     ll_buffers=(not net[0] or ll_net, not net[1] or ll_net), network=net)
                 work.send_buff = send.buff if send else None
                 work.recv_buff = recv.buff if recv else None
+                work.p2p_round = rnd
                 works.append((work, ops))
         return works
 
@@ -117,25 +121,32 @@ class P2p:
             (self.send_round if d == "send" else self.recv_round)[peer]), d))
         return conn is not None and conn.proxy_conn is not None
 
-    def launch(self, kernel, conns: Connections | None) -> None:
-        """Connect, plan and run everything queued (``groupLaunch`` → ``doLaunches`` for this communicator)."""
+    def prepare(self, conns: Connections | None) -> list[tuple[DevWorkP2p, list]]:
+        """Connect what is missing and plan everything queued (``ncclTransportP2pSetup``, then
+        ``scheduleP2pTasksToPlan``); the queues are empty afterwards, even on failure."""
         try:
             if conns is not None:
                 self.connect(conns)
-            works = self.plan()
+            return self.plan()
         finally:
             self.clear()
-        proxy_ops = []
-        if conns is not None and conns.proxied:
-            kernel.poll = conns.poll  # a blocked kernel moves its NET bytes itself (a p2p connection may be new)
-            proxy_ops = self._post(conns, works, kernel)
-        kernel.run(self.channel_works(kernel, works))
+
+    def launch(self, kernel, conns: Connections | None) -> int:
+        """Connect, plan and run everything queued (``groupLaunch`` → ``doLaunches`` for this communicator);
+        returns how many works ran."""
+        works = self.prepare(conns)
+        proxy_ops = self.post(conns, works, kernel)
+        kernel.run([run_in_order(seq) for seq in self.channel_works(kernel, works).values()])
         if proxy_ops:
             kernel.run([conns.wait_sent(kernel, proxy_ops)])
+        return len(works)
 
-    def _post(self, conns: Connections, works: list, kernel) -> list:
+    def post(self, conns: Connections | None, works: list, kernel) -> list:
         """``ncclProxySaveOp`` for every part of every work, in the kernel's order on each connection; runs of one
         protocol go together (a p2p op has one step per chunk: sliceSteps = chunkSteps = 1)."""
+        if conns is None or not conns.proxied:
+            return []
+        kernel.poll = conns.poll  # a blocked kernel moves its NET bytes itself (a p2p connection may be new)
         posted, run, proto = [], [], None
         for _, ops in works:
             for op in ops:
@@ -149,10 +160,10 @@ class P2p:
             posted += conns.save_ops(run, proto, 1, 1, kernel.tracer, kernel.op_count)
         return posted
 
-    def channel_works(self, kernel, works: list) -> list[Iterator]:
-        """One generator per channel: its parts of each work in order, each work's send and receive side by
-        side.  A work's primitives are built when the channel reaches it: they start from the connection's step
-        where the work before left it."""
+    def channel_works(self, kernel, works: list) -> dict[int, list[Callable[[], list]]]:
+        """Per channel, a maker for each work's thread groups there (its send and receive side by side), in order.
+        A work's primitives are built when the channel reaches it: they start from the connection's step where
+        the work before left it."""
         by_channel: dict[int, list] = collections.defaultdict(list)
         for work, _ in works:
             nparts = max(work.n_send_channels, work.n_recv_channels)
@@ -161,18 +172,55 @@ class P2p:
                 by_channel[c].append(lambda c=c, work=work: sendrecv.channel_works(
                     kernel, c, self.rank, work, self.conns.get((work.send_rank, c, "send")),
                     self.conns.get((work.recv_rank, c, "recv"))))
-        return [_in_order(seq) for seq in by_channel.values()]
+        return by_channel
 
 
-def _in_order(seq: list) -> Iterator:
-    """Run the thread groups of each work side by side, the works one after another (each built when reached)."""
-    for make in seq:
-        active = make()
-        while active:
-            for g in list(active):
-                try:
-                    next(g)
-                except StopIteration:
-                    active.remove(g)
-            if active:
-                yield
+def describe_works(works: list) -> str:
+    """A plan's p2p works as an error line names them: each round's send and receive, peer and bytes."""
+    parts = []
+    for work, _ in works:
+        ops = ([f"send {work.send_bytes} B to rank {work.send_rank}"] if work.n_send_channels else []) + \
+              ([f"recv {work.recv_bytes} B from rank {work.recv_rank}"] if work.n_recv_channels else [])
+        parts.append(f"round {work.p2p_round}: {', '.join(ops)}")
+    return "; ".join(parts)
+
+
+class P2pChecks:
+    """What the p2p kernel checks while it waits: ``Health.check_p2p`` (a waited-for peer gone, aborted or
+    destroyed), then ``check_moved_on``.  A peer that destroyed its communicator or moved on may have done so
+    right after posting the last bytes this rank waits for, and the kernel last looked at its FIFOs before they
+    came: a failure is raised only when a second check, one round of looking later, finds the same wait with
+    still no progress (a p2p op has no opCount that would tell, as a collective's completed count does)."""
+
+    def __init__(self, health):
+        self.health = health
+        self.suspect: tuple | None = None
+
+    def __call__(self, kernel) -> None:
+        try:
+            self.health.check_p2p(kernel)
+            check_moved_on(self.health, kernel)
+        except CollectiveError as exc:
+            seen = (kernel.op_count, kernel.progress)
+            if exc.secondary or self.suspect == seen:
+                raise
+            self.suspect = seen  # look at the FIFOs once more first
+            return
+        self.suspect = None
+
+
+def check_moved_on(health, kernel) -> None:
+    """While a p2p kernel waits for a peer on this host: if that peer has already started the collective this rank
+    will call next (its status page holds this opCount's signature), it cannot be posting what this rank waits for
+    any more, and it waits for this rank in that collective: a deadlock, named now instead of at the deadline.  It
+    is what a group split differently on the two ranks, or a send and recv of different sizes, end in."""
+    for peer in {w[1] for w in kernel.wait_state.values()}:
+        page = health.pages.get(peer)
+        sig = page.signature(kernel.op_count) if page is not None and peer != health.rank else None
+        if sig is not None:
+            raise CollectiveError(
+                f"rank {health.rank}: rank {peer} has moved on to {describe(sig, DTYPE_NAMES)} (opCount "
+                f"{kernel.op_count}) while this rank's {kernel.func} still waits for it: rank {peer} posted fewer "
+                f"bytes or operations for rank {health.rank} in this group (a size mismatch, or a group split "
+                f"differently); this rank: {kernel.describe_wait()}")
+

@@ -1,17 +1,23 @@
-"""``ncclCommSplit``'s bookkeeping (``src/init.cc``: ``commGetSplitInfo``; ``src/bootstrap.cc``: what
-``bootstrapSplit`` achieves): every rank's (color, key) gathered over the parent's bootstrap; the ranks of one color,
-ordered by key then parent rank, form a child; the child's rank 0 opens a unique id and sends it to its members
-over the parent's bootstrap (``bootstrapSend``).  The communicator itself is built by ``Communicator.split``.
+"""``ncclCommSplit``'s bookkeeping (``src/init.cc``: ``commGetSplitInfo`` and the child's hash; ``src/bootstrap.cc``:
+``bootstrapSplit``): every rank's (color, key) gathered over the parent's bootstrap; the ranks of one color,
+ordered by key then parent rank, form a child; the child's bootstrap ring is built through the parent's
+(``SplitBootstrap``: each member sends where it listens to its ring predecessor with the parent's ``bootstrapSend``
+and learns its successor's with ``bootstrapRecv``), no root involved.  The communicator itself is built by
+``Communicator.split``.
 
-Deliberate difference: NCCL builds the child's bootstrap ring through the parent's; here the child has a root of its
-own (a fresh unique id), so its bootstrap is an ordinary one.
+Where we differ on purpose: the child's magic is a BLAKE2 digest of (the parent's magic, the parent's split count,
+the color), not NCCL's ``digestHash`` of its commHash, childCount and color: the same inputs, our own hash.
 """
 from __future__ import annotations
 
-from .bootstrap import UniqueId, new_unique_id
+import hashlib
+import struct
+
+from .bootstrap import Bootstrap, UniqueId
+
+SPLIT_RING_TAG = 0x5351  # the parent's bootstrap tag of a child's ring address (p2p connection setup uses 1..4)
 
 NCCL_SPLIT_NOCOLOR = -1
-SPLIT_TAG = 0x5350  # the bootstrap tag of the child's unique id (p2p connection setup uses 1..4)
 
 
 def split_info(bootstrap, color: int | None, key: int) -> tuple[list[int], int] | None:
@@ -30,11 +36,26 @@ def split_info(bootstrap, color: int | None, key: int) -> tuple[list[int], int] 
     return ranks, ranks.index(bootstrap.rank)
 
 
-def child_unique_id(bootstrap, ranks: list[int], child_rank: int) -> UniqueId:
-    """The child's rank 0 opens the child's root and sends its id to every other member; they receive it."""
-    if child_rank == 0:
-        uid = new_unique_id()
-        for r in ranks[1:]:
-            bootstrap.send(r, SPLIT_TAG, uid.to_bytes())
-        return uid
-    return UniqueId.from_bytes(bootstrap.recv(ranks[0], SPLIT_TAG, 1024, why="the split child's unique id"))
+def child_magic(parent_magic: int, split_count: int, color: int) -> int:
+    """The child's magic (NCCL: its commHash), the same on every member: from the parent's, its split count and
+    the color."""
+    digest = hashlib.blake2b(struct.pack("<QQq", parent_magic & (2 ** 64 - 1), split_count, color), digest_size=8)
+    return int.from_bytes(digest.digest(), "little")
+
+
+class SplitBootstrap(Bootstrap):
+    """``bootstrapSplit``: the child's ring, its ends found through the parent's bootstrap (``ranks``: the parent
+    ranks of the child, in child rank order); the rest (ring sockets, the listen address allgather) as any ring."""
+
+    def __init__(self, parent: Bootstrap, ranks: list[int], child_rank: int, magic: int):
+        self._parent, self._ranks = parent, ranks
+        super().__init__(UniqueId("", 0, magic), child_rank, len(ranks))
+
+    def _ring_successor(self, deadline: float, my_addr: tuple[str, int]) -> tuple[str, int]:
+        n, me = len(self._ranks), self.rank
+        if n == 1:
+            return my_addr
+        prev, nxt = self._ranks[(me - 1) % n], self._ranks[(me + 1) % n]
+        self._parent.send(prev, SPLIT_RING_TAG, struct.pack("<H", my_addr[1]) + my_addr[0].encode())
+        raw = self._parent.recv(nxt, SPLIT_RING_TAG, 2 + 256, why=f"the split child's ring address of rank {nxt}")
+        return raw[2:].decode(), struct.unpack_from("<H", raw)[0]

@@ -148,13 +148,14 @@ def usage(args: list[str]) -> None:
             assert "without a matching recv" in str(exc), exc
         else:
             raise AssertionError("a lone send to oneself was accepted")
-        try:
+        try:  # a bad collective in a group raises at its call, and the group's other work is dropped
             with collectives.group():
-                comm.all_reduce(x)
-        except RuntimeError as exc:
-            assert "inside a group" in str(exc), exc
+                comm.send(x, (r + 1) % n)
+                comm.all_reduce(x, op="nope")
+        except ValueError as exc:
+            assert "nope" in str(exc), exc
         else:
-            raise AssertionError("a collective inside a group was accepted")
+            raise AssertionError("a bad op inside a group was accepted")
         try:
             collectives.group_end()
         except RuntimeError as exc:
@@ -276,8 +277,14 @@ def split(args: list[str]) -> None:
         n, r = comm.nranks, comm.rank
         assert n == 4
         seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        from collectives import bootstrap
         for colors, keys in (([1, 0, 1, None], [10, 0, 5, 0]), ([4, 4, 4, None], [-0, -1, -2, 0])):
+            roots = set(bootstrap._roots) | set(bootstrap._listeners)
             child = comm.split(colors[r], keys[r])
+            # bootstrapSplit: the child's ring came through the parent's, no root was opened for it
+            assert set(bootstrap._roots) | set(bootstrap._listeners) == roots, "the split opened a bootstrap root"
+            if child is not None:
+                assert child.bootstrap.uid.port == 0 and type(child.bootstrap).__name__ == "SplitBootstrap"
             if colors[r] is None:
                 assert child is None
             else:
@@ -311,6 +318,149 @@ def split(args: list[str]) -> None:
             same(got, np.repeat(np.arange(n, dtype=np.int32), 3), "parent gather after the children")
         sys.stdout.write(f"rank {r} ok split\n")
         sys.stdout.flush()
+
+
+def group_colls(args: list[str]) -> None:
+    """Eight AllReduces alone, then in one group: small odd counts of random floats (NCCL's rules give each the
+    same channel part and one loop, alone or grouped, so even floats agree bitwise; also checked against the
+    reference), and larger ones of integer-valued floats that the group spreads over the channels (exact sums:
+    any order agrees).  Then a mixed group: an AllReduce, a ring send/recv and an AllGather, one plan."""
+    from collectives.perf.reference import all_reduce as reference_all_reduce
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        small = [1, 7, 100, 333, 1000, 513, 64, 999]
+        xs = [inputs_for(seed + i, n, c, np.float32) for i, c in enumerate(small)]
+        big = [100003, 70001, 1 << 16, 5, 200000, 4097, 30000, 65536]
+        ys = [[np.random.default_rng([seed, i, q]).integers(-999, 999, c).astype(np.float32) for q in range(n)]
+              for i, c in enumerate(big)]
+        alone = [comm.all_reduce(x[r]) for x in xs]
+        alone_big = [comm.all_reduce(y[r]) for y in ys]
+        for i, c in enumerate(small):
+            same(alone[i], reference_all_reduce(xs[i], "sum", **comm.reference_config("AllReduce", c, np.float32)),
+                 f"alone count={c}")
+        for outs, inputs, want in ((small, xs, alone), (big, ys, alone_big)):
+            got = [poisoned(c, np.float32) for c in outs]
+            with collectives.group():
+                for i, x in enumerate(inputs):
+                    comm.all_reduce(x[r], out=got[i])
+                assert all(np.isnan(g).all() for g in got), "ran before the group's end"
+            for i, c in enumerate(outs):
+                same(got[i], want[i], f"grouped AllReduce {i} count={c} rank {r}")
+        for i, c in enumerate(big):
+            same(alone_big[i], np.sum(np.array(ys[i], np.int64), 0).astype(np.float32), f"exact count={c}")
+        x, y = xs[4], inputs_for(seed + 99, n, 4097, np.int32)
+        ring_out, gathered = poisoned(4097, np.int32), poisoned(5 * n, np.float32)
+        with collectives.group():
+            reduced = comm.all_reduce(x[r])
+            comm.send(y[r], (r + 1) % n)
+            comm.recv(ring_out, (r - 1) % n)
+            comm.all_gather(xs[1][r][:5], out=gathered)
+        same(reduced, alone[4], f"mixed AllReduce rank {r}")
+        same(ring_out, y[(r - 1) % n], f"mixed ring recv rank {r}")
+        same(gathered, np.concatenate([xs[1][q][:5] for q in range(n)]), f"mixed AllGather rank {r}")
+        sys.stdout.write(f"rank {r} ok group_colls\n")
+        sys.stdout.flush()
+
+
+def simulate(args: list[str]) -> None:
+    """group_end(simulate=True) against ncclTopoGetAlgoTime written again here over the cost model's own tables:
+    eight AllReduces of 1000 floats (one aggregate of 8 x 4000 bytes, numPipeOps = ceil(8 / nChannels)); one of
+    1000 and one of 100 000 (not within 4x: two choices, the larger one last); p2p only (-1, nothing estimated).
+    Nothing runs: the output stays poisoned, and the next real group works."""
+    from collectives.graph.cost_model import MAX_DEV_WORK_BATCH_COLLS, TREE_CORRECTION
+    with collectives.Communicator() as comm:
+        n, r, cm = comm.nranks, comm.rank, comm.cost_model
+
+        def expected(nbytes: int, pipe: int) -> float:
+            best = None
+            for a in (0, 1):  # Tree, Ring
+                for p in range(3):
+                    bw, lat = float(cm.bw["AllReduce"][a][p]), float(cm.lat["AllReduce"][a][p])
+                    if bw == 0:
+                        continue
+                    log_size = (nbytes >> 6).bit_length() - 1
+                    if a == 0 and 0 <= log_size < 23:
+                        bw *= TREE_CORRECTION[p][log_size]
+                    count = pipe if a == 1 else -(-pipe // MAX_DEV_WORK_BATCH_COLLS)
+                    t = lat * count + nbytes / (1000 * bw)
+                    best = t if best is None or t < best else best
+            return best
+
+        x = np.ones(1000, np.float32)
+        outs = [poisoned(1000, np.float32) for _ in range(8)]
+        collectives.group_start()
+        for out in outs:
+            comm.all_reduce(x, out=out)
+        info = collectives.group_end(simulate=True)
+        want = expected(8 * 4000, -(-8 // comm.nchannels))
+        assert abs(info.estimated_time - want) <= 1e-5 * want, (info, want)
+        assert all(np.isnan(o).all() for o in outs), "a simulated group ran"
+        collectives.group_start()
+        comm.all_reduce(x)
+        comm.all_reduce(np.ones(100000, np.float32))
+        info2 = collectives.group_end(simulate=True)
+        want2 = expected(400000, -(-2 // comm.nchannels))
+        assert abs(info2.estimated_time - want2) <= 1e-5 * want2, (info2, want2)
+        collectives.group_start()
+        comm.send(x, (r + 1) % n)
+        comm.recv(outs[0], (r - 1) % n)
+        assert collectives.group_end(simulate=True).estimated_time == -1.0
+        assert np.isnan(outs[0]).all()
+        with collectives.group():
+            comm.all_reduce(x, out=outs[1])
+        same(outs[1], np.full(1000, n, np.float32), "after the simulations")
+        sys.stdout.write(f"rank {r} ok simulate {info.estimated_time:.3f} {info2.estimated_time:.3f}\n")
+        sys.stdout.flush()
+
+
+def named(args: list[str]) -> None:
+    """The p2p failures NCCL users meet most, each between rank 0 and rank 1 after one exchange connected them:
+    ``bigger_send`` (rank 0 sends 4 MiB, rank 1 receives 1 MiB, then both call AllReduce), ``smaller_send`` (the
+    other way round), ``split`` (rank 0 groups two sends of 4 MiB, rank 1 receives the first alone, then calls
+    AllReduce before the second), ``left`` (rank 1 exits instead of receiving)."""
+    mode = args[0]
+    with collectives.Communicator() as comm:
+        r = comm.rank
+        big, small = np.ones(1 << 20, np.float32), np.ones(1 << 18, np.float32)  # 4 MiB and 1 MiB
+        if r == 0:
+            comm.send(small, 1)
+        elif r == 1:
+            comm.recv(np.empty_like(small), 0)
+        if mode == "left" and r == 1:
+            os._exit(0)
+        if r == 0:
+            if mode == "split":
+                with collectives.group():
+                    comm.send(big, 1)
+                    comm.send(big, 1)
+            else:
+                comm.send(small if mode == "smaller_send" else big, 1)
+        elif r == 1:
+            comm.recv(np.empty_like(big if mode == "smaller_send" else small), 0)
+        comm.all_reduce(small)
+
+
+def group_vs_alone(args: list[str]) -> None:
+    """Rank 0 groups two AllReduces, the others make them one by one: a mismatch, named at once."""
+    with collectives.Communicator() as comm:
+        x = np.ones(100000, np.float32)
+        if comm.rank == 0:
+            with collectives.group():
+                comm.all_reduce(x)
+                comm.all_reduce(x)
+        else:
+            comm.all_reduce(x)
+            comm.all_reduce(x)
+
+
+def coverage(args: list[str]) -> None:
+    """One run for one configuration (n = 8, NET/IB): every send/recv pair, all-to-all, gather and scatter at every
+    root, and the grouped collectives, each worker above on a communicator of its own, fewer sizes."""
+    pairs([json.dumps([0, 7, 70001]), json.dumps(["float32"])])
+    alltoall([json.dumps([1, 4097]), json.dumps(["float32"])])
+    rooted([json.dumps([7, 4097]), json.dumps(["int32"])])
+    group_colls([])
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """send / recv between real processes (``collectives/p2p.py`` over ``device/sendrecv.py``), bitwise, over SHM and
 across emulated nodes over NET/Socket; groups; the failure of a send whose peer never receives."""
 import json
+import time
 
 import pytest
 
@@ -49,6 +50,46 @@ def test_unmatched_send_names_both_ranks(when):
         assert named, (rank, proc.stdout[-3000:], proc.stderr[-5000:])
     if when == "busy":
         assert any("rank 0: no message from rank 1 within 3 s (NCCLLAB_TIMEOUT)" in line for line in lines), lines
+
+
+@pytest.mark.parametrize("mode,stuck,bytes_", [
+    ("bigger_send", 0, "send 4194304 B to rank 1"),     # the sender waits for credit; rank 1 is in AllReduce
+    ("smaller_send", 1, "recv 4194304 B from rank 0"),  # the receiver waits for data; rank 0 is in AllReduce
+    ("split", 0, "send 4194304 B to rank 1"),           # the second send of rank 0's group: rank 1 split it off
+    ("left", 0, "send 4194304 B to rank 1"),            # rank 1 exited
+])
+def test_p2p_failures_are_named(mode, stuck, bytes_):
+    """Every rank ends well before the deadline (30 s here), with one line from the stuck rank naming both ranks,
+    the op, its byte count and its round; the other rank's line quotes it (or it has exited)."""
+    t0 = time.monotonic()
+    proc = run_ranks(3, "named", mode, script="p2p_workers.py", check=False, timeout=120)
+    took = time.monotonic() - t0
+    assert proc.returncode != 0
+    lines = (proc.stdout + proc.stderr).splitlines()
+    other = 1 - stuck
+    named = [line for line in lines if line.lstrip("NCCL WARN ").startswith(f"rank {stuck}:") or
+             f"rank {stuck}: rank {other}" in line]
+    primary = [line for line in named if bytes_ in line and "round" in line and f"rank {other}" in line and
+               ("moved on to AllReduce" in line if mode != "left" else "is gone" in line)]
+    assert primary, (mode, proc.stdout[-3000:], proc.stderr[-5000:])
+    assert took < 25, took
+
+
+def test_p2p_failure_across_nodes_ends_at_the_deadline():
+    """Across nodes no status page is shared: a receive of more bytes than the peer sent ends at NCCLLAB_TIMEOUT,
+    after the early WARN, the waiting rank's line naming its peer, bytes and round.  (The other way round, and a
+    split group's extra send, can complete over NET/Socket unseen: the network takes the sender's bytes.)"""
+    t0 = time.monotonic()
+    proc = run_ranks(2, "named", "smaller_send", nodes=2, script="p2p_workers.py", check=False, timeout=120,
+                     env={"NCCLLAB_TIMEOUT": "6", "NCCLLAB_WARN_AFTER": "2"})
+    took = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    warn = out.find("NCCLLAB_WARN_AFTER")
+    final = [line for line in out.splitlines() if "rank 1:" in line and "NCCLLAB_TIMEOUT" in line and
+             "recv 4194304 B from rank 0" in line and "round 1" in line]
+    assert warn != -1 and final and out.find(final[0]) > warn, out[-4000:]
+    assert took < 60, took
 
 
 @pytest.mark.parametrize("n", [1, 2])

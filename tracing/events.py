@@ -16,7 +16,12 @@ now = time.monotonic_ns
 
 # Field order of each record kind (kept as tuples while tracing, named when written).
 FIELDS = {
-    "coll": ("seq", "func", "algo", "proto", "count", "dtype", "op", "root", "nchannels", "t0", "t1"),
+    "coll": ("seq", "func", "algo", "proto", "count", "dtype", "op", "root", "nchannels", "t0", "t1", "plan"),
+    # one kernel plan (ncclKernelPlan): a lone collective, or a group's collectives (their seqs) and p2p works
+    "plan": ("plan", "colls", "p2p", "t0", "t1"),
+    # one channel's part of a p2p work (profiler KernelCh of a p2p op): the peer, the p2pSchedule round, the
+    # part's byte range of the user's buffer; proto "copy" for a send to oneself
+    "p2p": ("plan", "channel", "peer", "is_send", "round", "offset", "bytes", "proto", "t0", "t1"),
     "channel": ("seq", "channel", "part_offset", "part_count", "chunk_count", "t0", "t1"),
     "prim": ("seq", "channel", "prim", "recv_peer", "send_peer", "loop", "chunk", "offset", "count", "t0", "t1"),
     "step": ("seq", "channel", "prim", "recv_peer", "send_peer", "loop", "chunk", "slice", "slot", "step",
@@ -35,10 +40,21 @@ class Tracer:
     def __init__(self, directory: str, rank: int, meta: dict):
         self.dir, self.rank, self.meta = directory, rank, meta
         self.records: list[tuple] = []
+        self.plans = 0
         os.makedirs(directory, exist_ok=True)
 
     def add(self, kind: str, *values) -> None:
         self.records.append((kind, values))
+
+    def add_plan(self, colls: list[tuple], p2p: int, t0: int, t1: int) -> int:
+        """One kernel launch: a ``coll`` record for each of its collectives (``colls``: their values without the
+        plan id), then the ``plan`` record; returns the plan id (this rank's launch count)."""
+        plan = self.plans
+        self.plans += 1
+        for values in colls:
+            self.records.append(("coll", (*values, plan)))
+        self.records.append(("plan", (plan, [v[0] for v in colls], p2p, t0, t1)))
+        return plan
 
     def path(self) -> str:
         return os.path.join(self.dir, f"trace-rank{self.rank}.jsonl")

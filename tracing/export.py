@@ -77,6 +77,8 @@ def perfetto(directory: str) -> dict:
                 out.append({"ph": "M", "name": "thread_name", "pid": r, "tid": PROXY_TID + c,
                             "args": {"name": f"proxy channel {c}"}})
     for e in events:
+        if e["kind"] == "plan":
+            continue  # a plan is its collectives' shared ``plan`` argument in this view
         ts, dur = (e["t0"] - t_base) / 1000.0, max(0.0, (e["t1"] - e["t0"]) / 1000.0)
         kind = e["kind"]
         if kind == "coll":
@@ -91,6 +93,9 @@ def perfetto(directory: str) -> dict:
         elif kind == "proxy_step":
             name = f"{'isend' if e['is_send'] else 'irecv'} step {e['step']} ({e['bytes']} B)"
             tid = PROXY_TID + e["channel"]
+        elif kind == "p2p":
+            name = f"{'send to' if e['is_send'] else 'recv from'} rank {e['peer']} round {e['round']} ({e['bytes']} B)"
+            tid = e["channel"]
         elif kind == "net_ib":
             name, tid = f"IB {e['event']} slot {e['slot']} qp {e['qp']} ({e['bytes']} B)", PROXY_TID + e["channel"]
         else:

@@ -25,6 +25,8 @@ KINDS = {
              "completion), from the trace of an NCCL_NET=IB run",
     "topo": "the machine as NCCL's topology sees it (with --nodes K: every node's GPUs and NICs and one channel's ring across them by the NICs and PXN hops the search chose; else CPUs, PCIe switches, GPUs, NICs, NVSwitches, link types and "
             "bandwidths) with the searched rings over it, from a topology XML (NCCL_TOPO_DUMP_FILE)",
+    "p2p": "one point-to-point plan (an all-to-all) as a rounds x ranks grid: whom each rank sends to and "
+           "receives from in each round of NCCL's p2p schedule, on which channels, from a trace directory",
     "sweep": "runs our AllReduce and MPI's side by side under mpirun, then plots them",
 }
 
@@ -53,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     q = kind("flow", trace, "output path without extension: OUT.dot, OUT.png, OUT.svg")
     q.add_argument("--seq", type=int, default=0, help="which collective of the trace, from 0 (default 0)")
     q.add_argument("--channel", type=int, default=0, help="which channel, 0..nchannels-1 (default 0)")
+    q = kind("p2p", trace, "output path without extension: OUT.dot, OUT.png, OUT.svg")
+    q.add_argument("--plan", type=int, default=-1, help="which of each rank's p2p plans, from 0 (default -1: the "
+                   "last)")
     q = kind("ibseq", trace, "output path without extension: OUT.dot, OUT.png, OUT.svg")
     q.add_argument("--slot", type=int, default=0, help="which FIFO slot's transfer, 0..7 (default 0)")
     q = kind("topo", ("TOPO_XML", "a topology XML as NCCL_TOPO_DUMP_FILE writes it, or a bare one with --sm"),
@@ -118,6 +123,12 @@ def _run(a) -> list[str]:
             meta = {**meta, "trees": _trees_from_meta(meta)}
             src = flow.chunk_flow(events, meta, a.seq, a.channel, a.title)
         return diagrams.render(src, a.out)
+    if a.kind == "p2p":
+        from tracing import export
+
+        from . import p2p
+        meta, events = export.load(a.inputs)
+        return diagrams.render(p2p.grid(events, meta, a.plan, a.title), a.out)
     if a.kind == "ibseq":
         from tracing import export
 

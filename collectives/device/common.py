@@ -156,3 +156,21 @@ class Kernel:
                 warned = True
                 self.warn(f"rank {self.rank}: {self.func} (opCount {self.op_count}) has made no progress for "
                           f"{warn_s:g} s (NCCLLAB_WARN_AFTER): {self.describe_wait()}{self.suspects()}")
+
+
+def run_in_order(makers: list[Callable[[], list[Iterator]]]) -> Iterator:
+    """One channel's works of a plan, one after another (NCCL: a block walks its channel's work batches in
+    order), each work's thread groups side by side; a work's generators are made when the channel reaches it.
+    ``Kernel.run`` steps one such generator per channel.  The inner round robin is ``Kernel.run``'s, written again
+    without its progress accounting: ``Kernel.run`` counts progress inline on every collective's hot path."""
+    for make in makers:
+        active = make()
+        while active:
+            for g in list(active):
+                try:
+                    next(g)
+                except StopIteration:
+                    active.remove(g)
+            if active:
+                yield
+

@@ -18,6 +18,7 @@ import numpy as np
 
 from collectives.include.bitops import u32fp8_decode
 from collectives.include.p2p_work import DevWorkP2p, p2p_channel_to_part, p2p_part_bounds
+from tracing.events import now
 
 from .prims_ll import PrimitivesLL
 from .prims_simple import PrimitivesSimple
@@ -65,7 +66,8 @@ def _copy(work: DevWorkP2p, beg: int, end: int) -> Iterator:
 
 def channel_works(kernel, channel: int, rank: int, work: DevWorkP2p, send_conn, recv_conn) -> list[Iterator]:
     """The thread groups of ``channel`` for one work: its part of the send and of the receive (the connectors of
-    the round's peers on this channel, connIndex 1), or of the copy for a self-send."""
+    the round's peers on this channel, connIndex 1), or of the copy for a self-send.  With tracing, each part is
+    a ``p2p`` record: peer, direction, round, channel, byte range, protocol (``copy`` for a self-send)."""
     out = []
     for is_send in (True, False):
         nparts = work.n_send_channels if is_send else work.n_recv_channels
@@ -75,16 +77,35 @@ def channel_works(kernel, channel: int, rank: int, work: DevWorkP2p, send_conn, 
         beg, end = p2p_part_bounds(nparts, part, work.send_bytes if is_send else work.recv_bytes)
         if work.send_rank == rank:  # a copy: the send half does it, over the send's parts
             if is_send:
-                out.append(_copy(work, beg, end))
+                out.append(_traced(_copy(work, beg, end), kernel, channel, rank, True, work, beg, end, "copy"))
             continue
         ll = work.send_proto_ll if is_send else work.recv_proto_ll
         chunk = u32fp8_decode(work.send_chunk_u32fp8 if is_send else work.recv_chunk_u32fp8)
         if is_send:
             buff = work.send_buff[beg:end]
             prims = _prims(kernel, ll, channel, None, send_conn, buff, buff, SEND_GROUP)
-            out.append(prims.finished(run_send(prims, end - beg, chunk)))
+            gen = prims.finished(run_send(prims, end - beg, chunk))
         else:
             buff = work.recv_buff[beg:end]
             prims = _prims(kernel, ll, channel, recv_conn, None, buff, buff, RECV_GROUP)
-            out.append(prims.finished(run_recv(prims, end - beg, chunk)))
+            gen = prims.finished(run_recv(prims, end - beg, chunk))
+        out.append(_traced(gen, kernel, channel, work.send_rank if is_send else work.recv_rank, is_send, work, beg,
+                           end, "LL" if ll else "Simple"))
     return out
+
+
+def _traced(gen: Iterator, kernel, channel: int, peer: int, is_send: bool, work: DevWorkP2p, beg: int, end: int,
+            proto: str) -> Iterator:
+    """Without a tracer, ``gen`` itself; with one, ``gen`` run and recorded as a ``p2p`` event of the plan the
+    kernel is running (the id the tracer gives it when it ends)."""
+    tracer = kernel.tracer
+    if tracer is None:
+        return gen
+    return _record(gen, tracer, channel, peer, is_send, work.p2p_round, beg, end - beg, proto)
+
+
+def _record(gen: Iterator, tracer, channel: int, peer: int, is_send: bool, rnd: int, offset: int, nbytes: int,
+            proto: str) -> Iterator:
+    t0 = now()
+    yield from gen
+    tracer.add("p2p", tracer.plans, channel, peer, is_send, rnd, offset, nbytes, proto, t0, now())

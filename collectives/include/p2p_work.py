@@ -32,6 +32,7 @@ class DevWorkP2p:
     recv_proto_ll: bool
     send_buff: np.ndarray | None = None  # uint8 views of the user's buffers (NCCL: sendAddr, recvAddr)
     recv_buff: np.ndarray | None = None
+    p2p_round: int = -1  # ours, not NCCL's: the schedule's round, for error lines and the trace
 
 
 def p2p_part_bounds(nparts: int, part: int, nbytes: int) -> tuple[int, int]:
