@@ -47,7 +47,7 @@ from . import group_plan, groups
 from .p2p import P2p, P2pChecks
 from .rooted import GatherScatter
 from .split import SplitBootstrap, child_magic, split_info
-from .p2p_schedule import P2pChannels, p2p_channels, p2p_schedule
+from .graph.p2p_schedule import P2pChannels, p2p_channels, p2p_schedule
 from .peers import exchange
 from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
 

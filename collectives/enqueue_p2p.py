@@ -1,7 +1,7 @@
 """From a group's sends and receives to per-round p2p works (NCCL ``src/enqueue.cc``: ``scheduleP2pTasksToPlan``
 and ``addP2pToPlan``).
 
-Each round of the p2p schedule (``p2p_schedule.py``) pairs this rank's send to ``send_rank`` with its receive from
+Each round of the p2p schedule (``graph/p2p_schedule.py``) pairs this rank's send to ``send_rank`` with its receive from
 ``recv_rank``; the round's first queued send and first queued receive become one ``DevWorkP2p``.  Per direction
 ``add_p2p_to_plan`` picks how many of the peer's channels to stripe over (more for larger sizes, between
 ``n_channels_min`` and ``n_channels_max``), the protocol (LL when the bytes per channel are at most
@@ -21,7 +21,7 @@ from collectives.include.device import NCCL_STEPS
 from collectives.include.p2p_work import DevWorkP2p, p2p_channel_for_part, p2p_part_bounds
 from collectives.misc.param import env_int
 
-from .p2p_schedule import P2pChannels
+from .graph.p2p_schedule import P2pChannels
 
 P2P_LL_THRESHOLD = 16384  # NCCL_P2P_LL_THRESHOLD: LL up to this many bytes per channel
 LL_LINE_BYTES = 16        # sizeof(union ncclLLFifoLine)

@@ -25,7 +25,7 @@ from .device import sendrecv
 from .device.common import CollectiveError, run_in_order
 from .health import DTYPE_NAMES
 from .status import describe
-from .p2p_schedule import P2pChannels
+from .graph.p2p_schedule import P2pChannels
 
 
 class P2pTask:

@@ -20,6 +20,7 @@ DEV = get_device("cudasim")  # before anything imports numba.cuda for a real GPU
 
 from collectives.device.common import CollectiveError  # noqa: E402
 from collectives.device.cuda.threads import ThreadComm  # noqa: E402
+from collectives import p2p_threads  # noqa: E402
 
 # Simple steps of 512 B (p2pChunkSize = NCCL_BUFFSIZE / 8), LL steps of 128 data bytes, LL up to 1500 B per channel
 SMALL = {"NCCL_BUFFSIZE": "4096", "NCCL_LL_BUFFSIZE": "2048", "NCCL_P2P_LL_THRESHOLD": "1500"}
@@ -52,7 +53,7 @@ def _exchange(comm, rng, nbytes_of) -> None:
     sent = {(s, d): _random(rng, nbytes_of(s, d)) for s in range(n) for d in range(n)}
     got = {(s, d): _poisoned(nbytes_of(s, d)) for s in range(n) for d in range(n)}
     ops = [[op for p in range(n) for op in (("send", sent[r, p], p), ("recv", got[p, r], p))] for r in range(n)]
-    comm.run_p2p(ops)
+    p2p_threads.run_p2p(comm, ops)
     for (s, d), want in sent.items():
         bad = np.flatnonzero(_bits(got[s, d]) != _bits(want))
         assert bad.size == 0, f"{s} -> {d}, {want.size} B: {bad.size} bytes differ, first at {bad[0]}"
@@ -67,7 +68,7 @@ def test_every_pair_bitwise(small_fifos, n):
     rng = np.random.default_rng(n)
     ring = [[("send", _random(rng, 601), (r + 1) % n), ("recv", _poisoned(601), (r - 1) % n)] for r in range(n)]
     sent = [ops[0][1] for ops in ring]
-    comm.run_p2p(ring)
+    p2p_threads.run_p2p(comm, ring)
     for r in range(n):
         assert np.array_equal(ring[r][1][1], sent[(r - 1) % n])
     first = len(comm.p2p.ids)
@@ -82,7 +83,7 @@ def test_protocols_follow_the_ll_threshold(small_fifos):
     rng = np.random.default_rng(5)
     for nbytes, ll in ((1500, True), (1501, False)):
         x, y = _random(rng, nbytes), _poisoned(nbytes)
-        works = comm.run_p2p([[("send", x, 1), ("send", x, 0), ("recv", y, 0)], [("recv", _poisoned(nbytes), 0)]])
+        works = p2p_threads.run_p2p(comm, [[("send", x, 1), ("send", x, 0), ("recv", y, 0)], [("recv", _poisoned(nbytes), 0)]])
         assert np.array_equal(y, x)  # the self copy
         protos = {(w.send_rank, w.send_proto_ll) for w in works[0]}
         assert protos == {(1, ll), (0, False)}
@@ -96,7 +97,7 @@ def test_channels_stripe_a_large_send(monkeypatch):
     comm = ThreadComm(2, 2, DEV)
     rng = np.random.default_rng(9)
     x, y = _random(rng, 9001), _poisoned(9001)
-    works = comm.run_p2p([[("send", x, 1)], [("recv", y, 0)]])
+    works = p2p_threads.run_p2p(comm, [[("send", x, 1)], [("recv", y, 0)]])
     assert works[0][0].n_send_channels == 2 and works[1][0].n_recv_channels == 2
     assert np.array_equal(y, x)
 
@@ -108,7 +109,7 @@ def test_all_to_all_bitwise(small_fifos, n, dtype):
     rng = np.random.default_rng(n * 31 + np.dtype(dtype).itemsize)
     count = 251  # per peer: odd; LL for 1-byte types, Simple for the others
     xs = [_random(rng, n * count * np.dtype(dtype).itemsize, dtype) for _ in range(n)]
-    outs = comm.all_to_all(xs)
+    outs = p2p_threads.all_to_all(comm, xs)
     for r in range(n):
         for q in range(n):
             assert np.array_equal(_bits(outs[r][q * count:(q + 1) * count]), _bits(xs[q][r * count:(r + 1) * count]))
@@ -121,10 +122,10 @@ def test_gather_and_scatter_bitwise_every_root(small_fifos, n):
     count = 333
     for root in range(n):
         xs = [_random(rng, count * 4, np.float32) for _ in range(n)]
-        gathered = comm.gather(xs, root)
+        gathered = p2p_threads.gather(comm, xs, root)
         assert np.array_equal(_bits(gathered), _bits(np.concatenate(xs)))
         x = _random(rng, n * count * 2, np.float16)
-        outs = comm.scatter(x, root)
+        outs = p2p_threads.scatter(comm, x, root)
         for r in range(n):
             assert np.array_equal(_bits(outs[r]), _bits(x[r * count:(r + 1) * count]))
 
@@ -134,14 +135,14 @@ def test_all_to_all_gather_scatter_at_8_ranks(small_fifos):
     comm = ThreadComm(8, 1, DEV)
     rng = np.random.default_rng(8)
     xs = [_random(rng, 8 * 37, np.uint8) for _ in range(8)]
-    outs = comm.all_to_all(xs)
+    outs = p2p_threads.all_to_all(comm, xs)
     for r in range(8):
         for q in range(8):
             assert np.array_equal(outs[r][q * 37:(q + 1) * 37], xs[q][r * 37:(r + 1) * 37])
     ys = [_random(rng, 4 * 19, np.int32) for _ in range(8)]
-    assert np.array_equal(_bits(comm.gather(ys, 5)), _bits(np.concatenate(ys)))
+    assert np.array_equal(_bits(p2p_threads.gather(comm, ys, 5)), _bits(np.concatenate(ys)))
     x = _random(rng, 8 * 8 * 21, np.float64)
-    for r, out in enumerate(comm.scatter(x, 3)):
+    for r, out in enumerate(p2p_threads.scatter(comm, x, 3)):
         assert np.array_equal(_bits(out), _bits(x[r * 21:(r + 1) * 21]))
 
 
@@ -153,7 +154,7 @@ def test_recv_from_a_peer_that_never_posts_fails_in_one_line(small_fifos, monkey
     comm = ThreadComm(2, 1, DEV)
     ops = [[("recv", _poisoned(nbytes), 1)], [("send", np.zeros(nbytes, np.uint8), 0)]]
     with pytest.raises(CollectiveError) as err:
-        comm.run_p2p(ops, absent=(1,))
+        p2p_threads.run_p2p(comm, ops, absent=(1,))
     msg = str(err.value)
     assert "\n" not in msg
     assert msg == (f"rank 0: SendRecv (opCount 0) made no progress for 1 s (NCCLLAB_TIMEOUT): channel 0 step 0 "
@@ -167,7 +168,7 @@ def test_send_to_a_peer_that_never_posts_fails_in_one_line(small_fifos, monkeypa
     comm = ThreadComm(2, 1, DEV)
     ops = [[("send", np.zeros(5000, np.uint8), 1)], [("recv", _poisoned(5000), 0)]]
     with pytest.raises(CollectiveError) as err:
-        comm.run_p2p(ops, absent=(1,))
+        p2p_threads.run_p2p(comm, ops, absent=(1,))
     assert str(err.value) == ("rank 0: SendRecv (opCount 0) made no progress for 1 s (NCCLLAB_TIMEOUT): channel 0 "
                               "step 8 waiting for head from rank 1 (send credit)")
 
@@ -175,11 +176,11 @@ def test_send_to_a_peer_that_never_posts_fails_in_one_line(small_fifos, monkeypa
 def test_unmatched_self_send_and_a_block_too_small_are_refused(small_fifos, monkeypatch):
     comm = ThreadComm(2, 1, DEV)
     with pytest.raises(ValueError, match="to itself without a matching recv"):
-        comm.run_p2p([[("send", np.zeros(4, np.uint8), 0)], []])
+        p2p_threads.run_p2p(comm, [[("send", np.zeros(4, np.uint8), 0)], []])
     monkeypatch.setenv("NCCLLAB_SIM_THREADS", "1")
     comm = ThreadComm(2, 1, DEV)
     with pytest.raises(ValueError, match="NCCLLAB_SIM_THREADS must be at least 2"):
-        comm.run_p2p([[("send", np.zeros(4, np.uint8), 1)], [("recv", np.zeros(4, np.uint8), 0)]])
+        p2p_threads.run_p2p(comm, [[("send", np.zeros(4, np.uint8), 1)], [("recv", np.zeros(4, np.uint8), 0)]])
 
 
 def test_connections_are_logged_at_first_use(small_fifos, capsys, monkeypatch):
@@ -191,7 +192,7 @@ def test_connections_are_logged_at_first_use(small_fifos, capsys, monkeypatch):
         capsys.readouterr()
         x = np.arange(10, dtype=np.uint8)
         for _ in range(2):
-            comm.run_p2p([[("send", x, 2)], [], [("recv", _poisoned(10), 0)]])
+            p2p_threads.run_p2p(comm, [[("send", x, 2)], [], [("recv", _poisoned(10), 0)]])
         err = capsys.readouterr()
     finally:
         monkeypatch.delenv("NCCL_DEBUG")

@@ -12,7 +12,7 @@ from collectives.include.bitops import u32fp8_decode, u32fp8_encode
 from collectives.include.connector import Connector
 from collectives.include.p2p_work import p2p_part_bounds
 from collectives.include.protocols import PROTOS, buffer_sizes
-from collectives.p2p_schedule import P2pChannels
+from collectives.graph.p2p_schedule import P2pChannels
 
 BUFFS = buffer_sizes()
 

@@ -1,11 +1,11 @@
-"""The p2p schedule and channels (``collectives/p2p_schedule.py``) against NCCL's formulas, written again here in
+"""The p2p schedule and channels (``collectives/graph/p2p_schedule.py``) against NCCL's formulas, written again here in
 another form: the group deltas as closed-form triangular numbers, the groups as slices of each node's ranks."""
 from math import gcd
 
 import pytest
 
 from collectives.include.device import MAXCHANNELS
-from collectives.p2p_schedule import P2pChannels, compute_p2p_channels, p2p_channels, p2p_schedule
+from collectives.graph.p2p_schedule import P2pChannels, compute_p2p_channels, p2p_channels, p2p_schedule
 
 from conftest import run_ranks
 

@@ -8,7 +8,7 @@ import sys
 
 from conftest import ROOT, run_ranks
 
-from collectives.p2p_schedule import p2p_schedule
+from collectives.graph.p2p_schedule import p2p_schedule
 
 
 def test_all_to_all_grid_says_what_the_trace_recorded(tmp_path):

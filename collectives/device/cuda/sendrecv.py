@@ -1,7 +1,7 @@
 """Point-to-point in the GPU kernel (NCCL ``src/device/sendrecv.h``: ``RunWorkBatch<ncclFuncSendRecv>::run``,
 ``runSend``, ``runRecv``; ``src/device/primitives.h``: ``Primitives``' ``directSend`` / ``directRecv`` with
 ``FanAsymmetric<0, 1>`` / ``<1, 0>``, LL or ``ProtoSimple<1, 1>``).  The host half (which works, which channel, which
-part of the bytes) is ``p2p_launch.py``'s.
+part of the bytes) is ``collectives/p2p_threads.py``'s.
 
 One kernel moves bytes (NCCL's SendRecv kernel is ``int8`` only): block ``c`` is channel ``c``; its rows of the
 work table are this channel's parts of the rank's works, in the plan's order.  For each work the block's warps

@@ -14,9 +14,9 @@ blocks of a launch must all be resident (``device/cuda/occupancy.py``); either i
 The kernel modules are imported once the device is chosen (numba decides at its first import whether it is the
 simulator), so ``ThreadComm(2, 1, "cudasim")`` works in a process that never set ``NUMBA_ENABLE_CUDASIM``.
 The transport that selects P2P and prints NCCL's ``via P2P/...`` lines is the later ``transports/p2p.py``.
-Point-to-point: ``run_p2p`` (and ``all_to_all``, ``gather``, ``scatter`` on it) launches every rank's group of
-sends and receives as one SendRecv kernel (``p2p_launch.py``, ``sendrecv.py``) over connIndex-1 connectors made
-at each pair's first use (``p2p_conns.py``).
+Point-to-point: ``collectives/p2p_threads.py``'s ``run_p2p`` (and ``all_to_all``, ``gather``, ``scatter`` on it)
+launches every rank's group of sends and receives as one SendRecv kernel (``sendrecv.py``) on this ThreadComm, over
+connIndex-1 connectors made at each pair's first use (``p2p_conns.py``).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from ..common import CollectiveError
 from collectives.graph.rings import ring_orders
 from collectives.graph.trees import channel_trees
 from collectives.misc.param import env_int, timeout_s
-from collectives.p2p_schedule import p2p_channels, p2p_schedule
+from collectives.graph.p2p_schedule import p2p_channels, p2p_schedule
 
 from ..backend import Device, get_device
 from .rank import block_threads
@@ -117,37 +117,8 @@ class ThreadComm:
         launch.args = kernel_args(call, self.mem, self.pool, inp, out, d.to_device)
         return launch
 
-    # --- point-to-point (device/cuda/p2p_launch.py) ---
-    def run_p2p(self, ops_per_rank: list[list], absent: tuple = ()) -> list:
-        """Each rank's group of ``("send" | "recv", numpy array, peer)`` ops as one SendRecv launch; receive
-        buffers are written in place.  Returns each rank's ``DevWorkP2p`` list (the plan that ran)."""
-        from collectives.device.cuda import p2p_launch
-        if self.p2p is None:
-            from collectives.device.cuda.p2p_conns import P2pConnectors
-            self.p2p = P2pConnectors(self.dev, self.buff)
-        return p2p_launch.launch(self, ops_per_rank, absent)
-
-    def all_to_all(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """``ncclAlltoAll`` over every rank's input (``n * count`` elements); each rank's output."""
-        from collectives.device.cuda.p2p_launch import all_to_all_ops
-        ops, outs = all_to_all_ops(inputs)
-        self.run_p2p(ops)
-        return outs
-
-    def gather(self, inputs: list[np.ndarray], root: int) -> np.ndarray:
-        """``ncclGather``: the root's output, rank r's input at block r."""
-        from collectives.device.cuda.p2p_launch import gather_ops
-        ops, out = gather_ops(inputs, root)
-        self.run_p2p(ops)
-        return out
-
-    def scatter(self, x: np.ndarray, root: int) -> list[np.ndarray]:
-        """``ncclScatter`` of the root's ``x`` (``n * count`` elements); each rank's block."""
-        from collectives.device.cuda.p2p_launch import scatter_ops
-        ops, outs = scatter_ops(x, root, self.n)
-        self.run_p2p(ops)
-        return outs
-
+    # point-to-point: ``collectives/p2p_threads.py`` (``run_p2p``, ``all_to_all``, ``gather``, ``scatter``) plans a
+    # group with the communicator layer's rules and launches it on this ThreadComm's memory
     def p2p_memory(self, nchannels: int):
         """The LL staging and barriers of a SendRecv launch (every rank, ``nchannels`` p2p channels), made once."""
         if self._p2p_mem is None:

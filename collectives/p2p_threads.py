@@ -10,6 +10,8 @@ new peer's round).  This module turns the resulting ``ncclDevWorkP2p`` list into
 channel the parts of its works (``ncclP2pChannelForPart``, ``ncclP2pPartBounds``), with the rows of the round's
 connectors, the offsets of the user's bytes in the rank's packed send and receive rows, and the protocol and chunk
 size of each direction (``u32fp8Decode``).
+It sits above the device layer (``collectives/device/cuda/threads.py``'s ``ThreadComm`` holds the memory and
+launches; this module plans with the communicator layer's ``P2p``), so the GPU wing's imports still point down.
 An ``op`` is ``("send", array, peer)`` or ``("recv", array, peer)``; the arrays are host numpy arrays (a receive
 buffer is written in place after the launch).
 """
@@ -22,13 +24,13 @@ from collectives.include.device import NCCL_MAX_NTHREADS, WARP_SIZE
 from collectives.include.p2p_work import DevWorkP2p, p2p_part_bounds
 from collectives.misc.param import timeout_s
 from collectives.p2p import P2p
-from collectives.p2p_schedule import P2pChannels
+from collectives.graph.p2p_schedule import P2pChannels
 
-from ..common import CollectiveError
-from . import sendrecv as S
-from .call import abort_line
-from .clock import SIMULATED
-from .p2p_conns import P2pConnectors
+from collectives.device.common import CollectiveError
+from collectives.device.cuda import sendrecv as S
+from collectives.device.cuda.call import abort_line
+from collectives.device.cuda.clock import SIMULATED
+from collectives.device.cuda.p2p_conns import P2pConnectors
 
 
 def _bytes(arr: np.ndarray) -> np.ndarray:
@@ -124,7 +126,7 @@ class P2pTable:
                 buff[...] = out_host[r, o:o + len(buff)]
 
 
-def launch(tc, ops_per_rank: list[list], absent: tuple = ()) -> list[list[DevWorkP2p]]:
+def _launch(tc, ops_per_rank: list[list], absent: tuple = ()) -> list[list[DevWorkP2p]]:
     """Plan every rank's group, connect the new pairs, run one SendRecv launch of all ranks, write the receive
     buffers; returns each rank's works (what the planner chose).  ``absent``: ranks whose kernel returns at once."""
     n, d = tc.n, tc.dev
@@ -167,8 +169,8 @@ def launch(tc, ops_per_rank: list[list], absent: tuple = ()) -> list[list[DevWor
 
 def _per_rank(d, kernel, prm, args, n: int, nch: int, nth: int) -> list:  # pragma: no cover - needs a GPU
     """Each rank's stream and kernel arguments (its own rows of the per-rank arrays), after the residency check."""
-    from .occupancy import check_launch
-    from .threads import per_rank_args
+    from collectives.device.cuda.occupancy import check_launch
+    from collectives.device.cuda.threads import per_rank_args
     per_rank = per_rank_args(d, n, prm, args, S.RANK_LO, S.ARGS, S.PER_RANK_ARGS)
     check_launch(kernel, per_rank[0][2], n * nch, nth, f"{n} ranks as threads (SendRecv)")
     return per_rank
@@ -200,3 +202,32 @@ def scatter_ops(x: np.ndarray, root: int, n: int) -> tuple[list[list], list[np.n
     ops = [[("recv", outs[r], root)] for r in range(n)]
     ops[root] = [("send", x.reshape(-1)[r * count:(r + 1) * count], r) for r in range(n)] + ops[root]
     return ops, outs
+
+
+def run_p2p(tc, ops_per_rank: list[list], absent: tuple = ()) -> list[list[DevWorkP2p]]:
+    """Each rank's group of ``("send" | "recv", numpy array, peer)`` ops on ``ThreadComm`` ``tc`` as one SendRecv
+    launch; receive buffers are written in place.  Returns each rank's ``DevWorkP2p`` list (the plan that ran)."""
+    if tc.p2p is None:  # connIndex 1's connectors, made at the first p2p launch (``ncclTransportP2pSetup``)
+        tc.p2p = P2pConnectors(tc.dev, tc.buff)
+    return _launch(tc, ops_per_rank, absent)
+
+
+def all_to_all(tc, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """``ncclAlltoAll`` over every rank's input (``n * count`` elements); each rank's output."""
+    ops, outs = all_to_all_ops(inputs)
+    run_p2p(tc, ops)
+    return outs
+
+
+def gather(tc, inputs: list[np.ndarray], root: int) -> np.ndarray:
+    """``ncclGather``: the root's output, rank r's input at block r."""
+    ops, out = gather_ops(inputs, root)
+    run_p2p(tc, ops)
+    return out
+
+
+def scatter(tc, x: np.ndarray, root: int) -> list[np.ndarray]:
+    """``ncclScatter`` of the root's ``x`` (``n * count`` elements); each rank's block."""
+    ops, outs = scatter_ops(x, root, tc.n)
+    run_p2p(tc, ops)
+    return outs
