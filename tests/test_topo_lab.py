@@ -11,7 +11,7 @@ from collectives.graph.connect import channel_lines, rank_lines
 from collectives.graph.init_topo import run_topology
 from collectives.graph.presets import dgx_a100, dgx_h100
 from collectives.graph.topo import GPU, NVS
-from collectives.graph.topo_feed import lab_env, machine
+from collectives.graph.topo_feed import machine
 from collectives.graph.topo_xml import StandIns
 from conftest import ROOT
 from visualize import nccl_tests
@@ -42,10 +42,8 @@ def square(tmp_path):
 def test_square_search_is_not_pci_order(tmp_path):
     r = run_topology(str(square(tmp_path)), stand=StandIns(nics=False))
     assert r.ring.intra[0] in ([0, 2, 1, 3], [0, 3, 1, 2])
-    env = lab_env(r.channels)
-    assert env["NCCLLAB_RINGS"].split("|")[0] == " ".join(map(str, r.ring.intra[0]))
-    assert len(env["NCCLLAB_RINGS"].split("|")) == r.ring.n_channels
-    assert env["NCCLLAB_TREE_PATTERN"] in ("BALANCED_TREE", "TREE")
+    assert r.channels.rings[0] == r.ring.intra[0] and r.channels.search_channels == r.ring.n_channels
+    assert r.channels.tree_pattern in ("BALANCED_TREE", "TREE")
 
 
 @pytest.mark.parametrize("module", ["collectives.ring", "collectives.tree"])
