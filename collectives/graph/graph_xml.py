@@ -6,23 +6,23 @@
 3 NVLS, 4 CollNet direct), unless ``NCCL_CROSS_NIC=0`` and the graph says ``crossnic="1"``.  A channel's ``<gpu>``
 names its rank by ``rank=`` when present, else by ``dev=`` (hexadecimal, as NCCL reads it) among this node's
 devices; ``<net dev=>`` are the channel's NET ends.  ``NCCL_GRAPH_DUMP_FILE`` is written by rank
-``NCCL_GRAPH_DUMP_FILE_RANK`` (0) in the layout NCCL writes (ints ``%d``, devs ``%#x``, floats ``%g``), with the
-ring and tree graphs (NCCL also writes the CollNet and NVLS graphs; here they are never searched, so they are
-left out on purpose).  Our own check NCCL lacks: a ``rank=`` that is not one of this node's ranks is refused.
+``NCCL_GRAPH_DUMP_FILE_RANK`` (0) in the layout NCCL writes (ints ``%d``, devs ``%#x``, floats ``%g``), with
+NCCL's five graphs (the CollNet and NVLS ones never searched here, so with no channels).  Our own checks, which
+NCCL lacks: a ``rank=`` that is not one of this node's ranks, a channel without every rank of the node once, or a
+ring or tree graph of another pattern, is refused.
 """
 from __future__ import annotations
-
-import os
 
 from collectives.misc.param import env_int, env_str
 from tracing import debug
 
-from .search import Graph, topo_compute
-from .topo import GPU, PATH_TYPES, System
+from .search import BALANCED_TREE, COLLNET_DIRECT, NVLS, RING, SPLIT_TREE, TREE, Graph, topo_compute
+from .topo import GPU, PATH_LOC, PATH_TYPES, System
 from .topo_xml import TopoError, XmlNode, load_xml
 
 GRAPH_XML_VERSION = 1     # NCCL_GRAPH_XML_VERSION
 LINK_TYPES = ("LOC", "NVL", "NVB", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")   # kvDictLinkType
+PATTERNS_OF = {0: (RING,), 1: (BALANCED_TREE, SPLIT_TREE, TREE)}   # ours: NCCL takes any number
 
 
 def _attr(node: XmlNode, key: str, where: str) -> str:
@@ -76,13 +76,16 @@ def graph_from_xml(root: XmlNode, graph: Graph, dev_rank: dict[int, int], node_r
             continue
         graph.cross_nic = cross_nic
         graph.pattern = _int(xg, "pattern", where)
+        if graph.id in PATTERNS_OF and graph.pattern not in PATTERNS_OF[graph.id]:
+            raise TopoError(f"NCCL_GRAPH_FILE: {where} pattern={graph.pattern}: a graph of id {graph.id} has "
+                            f"pattern {' or '.join(map(str, PATTERNS_OF[graph.id]))}")
         graph.n_channels = _int(xg, "nchannels", where)
         graph.bw_intra, graph.bw_inter = _float(xg, "speedintra", where), _float(xg, "speedinter", where)
         graph.latency_inter = float(xg.attrs.get("latencyinter", "0") or 0)
         graph.type_intra, graph.type_inter = _link(xg, "typeintra", where), _link(xg, "typeinter", where)
         graph.same_channels = _int(xg, "samechannels", where)
         channels = [s for s in xg.subs if s.name == "channel"]
-        if len(channels) != graph.n_channels or not 0 < graph.n_channels <= len(graph.intra):
+        if len(channels) != graph.n_channels or graph.n_channels > len(graph.intra):
             raise TopoError(f"NCCL_GRAPH_FILE: {where} says nchannels={graph.n_channels} and holds "
                             f"{len(channels)} channels")
         for c, xc in enumerate(channels):
@@ -146,7 +149,9 @@ def graphs_xml(graphs: list[Graph], rank_dev: dict[int, int], inter: bool) -> st
         out.append(f'  <graph id="{g.id}" pattern="{g.pattern}" crossnic="{g.cross_nic}" nchannels="{g.n_channels}" '
                    f'speedintra="{g.bw_intra:g}" speedinter="{g.bw_inter:g}" latencyinter="{g.latency_inter:g}" '
                    f'typeintra="{PATH_TYPES[g.type_intra]}" typeinter="{PATH_TYPES[g.type_inter]}" '
-                   f'samechannels="{g.same_channels}">')
+                   f'samechannels="{g.same_channels}"' + (">" if g.n_channels else "/>"))
+        if not g.n_channels:
+            continue
         for c in range(g.n_channels):
             out.append("    <channel>")
             if inter:
@@ -159,11 +164,19 @@ def graphs_xml(graphs: list[Graph], rank_dev: dict[int, int], inter: bool) -> st
     return "\n".join(out + ["</graphs>", ""])
 
 
-def dump_graphs(rank: int, graphs: list[Graph], rank_dev: dict[int, int], inter: bool) -> str | None:
-    """``ncclTopoDumpGraphs`` on rank ``NCCL_GRAPH_DUMP_FILE_RANK``: write ``NCCL_GRAPH_DUMP_FILE``; its path."""
-    path = os.environ.get("NCCL_GRAPH_DUMP_FILE", "").strip()
+def unsearched(gid: int, pattern: int) -> Graph:
+    """A graph left as ``initTransportsRank``'s memset leaves it when it is not searched (CollNet, NVLS here)."""
+    return Graph(id=gid, pattern=pattern, type_intra=PATH_LOC, type_inter=PATH_LOC)
+
+
+def dump_graphs(rank: int, ring: Graph, tree: Graph, rank_dev: dict[int, int], inter: bool) -> str | None:
+    """``ncclTopoDumpGraphs`` on rank ``NCCL_GRAPH_DUMP_FILE_RANK``: write ``NCCL_GRAPH_DUMP_FILE`` with NCCL's five
+    graphs (ring, tree, CollNet direct, CollNet chain, NVLS; the last three never searched here); its path."""
+    path = env_str("NCCL_GRAPH_DUMP_FILE")
     if not path or rank != env_int("NCCL_GRAPH_DUMP_FILE_RANK", 0):
         return None
+    debug.info("ENV", f"NCCL_GRAPH_DUMP_FILE set by environment to {path}")
+    graphs = [ring, tree, unsearched(4, COLLNET_DIRECT), unsearched(2, TREE), unsearched(3, NVLS)]
     try:
         with open(path, "w") as f:
             f.write(graphs_xml(graphs, rank_dev, inter))

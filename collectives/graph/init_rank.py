@@ -145,7 +145,7 @@ def init_rank(bootstrap, rank: int, nranks: int, node_of: list[int], search_chan
     nnodes = max(node_of) + 1
     node_ranks = [r for r in range(nranks) if node_of[r] == node_of[rank]]
     ring, tree, sm, rank_dev = node_graphs(rank, nranks, node_ranks, nnodes, search_channels)
-    graph_xml.dump_graphs(rank, [ring, tree], rank_dev, nnodes > 1)
+    graph_xml.dump_graphs(rank, ring, tree, rank_dev, nnodes > 1)
     mine = preset(ring, tree, rank, min(ring.n_channels, tree.n_channels))
     all_rings, all_trees, topo, sms = all_gather3(bootstrap, rank, nranks, ring, tree, mine, sm)
     gathered = gather_info(topo, all_rings, all_trees, nnodes)
