@@ -4,6 +4,7 @@ Preset and Postset; its own ``Channel``, ``Ring``, ``Tree`` and ``Trees`` lines 
 (``collectives.tools.topology``).  ``NCCL_GRAPH_FILE`` / ``NCCL_GRAPH_DUMP_FILE`` read and write the graphs."""
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -48,7 +49,8 @@ def search_lines(channels_of_rank, nranks: int) -> dict:
 
 
 def run(module: str, args: list, env: dict, timeout: float = 400) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", module, *args, *SMALL], env=env, capture_output=True, text=True,
+    small = SMALL[2:] if "-b" in args else SMALL
+    proc = subprocess.run([sys.executable, "-m", module, *args, *small], env=env, capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     t = nccl_tests.parse(proc.stdout)[0]
@@ -81,3 +83,42 @@ def test_cpu_lab_without_topology_keeps_rank_order(tmp_path):
     got = comm_lines(proc.stdout + proc.stderr)
     assert got["Channel"] == ["Channel 00/02 : 0 1 2 3", "Channel 01/02 : 0 1 2 3"]
     assert "Trees [0] 1/2/-1->0->-1 [1] 1/-1/-1->0->2" in got["Trees"]
+
+
+def cluster_lines(nodes: int, local: int) -> dict:
+    c = run_cluster(str(NDV5), nodes, local, StandIns(sm=90))
+    return search_lines(lambda rank: c.channels[rank], nodes * local)
+
+
+def test_ring_runner_16_ranks_on_two_ndv5_nodes_over_sockets():
+    """The issue's command: 2 emulated NDv5 nodes of 8 GPUs, bitwise, with exactly the search's channels."""
+    proc = run("collectives.ring", ["-g", "16", "--nodes", "2", "--topo", str(NDV5), "--sm", "90", "-b", "1K"],
+               {**ENV, "NCCL_NET": "Socket", "NCCLLAB_TIMEOUT": "240"}, timeout=600)
+    got = comm_lines(proc.stdout + proc.stderr)
+    assert got == cluster_lines(2, 8)
+    assert len(got["Channel"]) == 16 and len(got["Ring"]) == 16 * 16
+
+
+def test_tree_runner_on_two_nodes_over_ib():
+    """The tree runner over the IB transport (the software verbs provider where no RDMA device exists)."""
+    proc = run("collectives.tree", ["-g", "4", "--nodes", "2", "--topo", str(NDV5), "--sm", "90"],
+               {**ENV, "NCCL_NET": "IB", "NCCLLAB_VERBS": os.environ.get("NCCLLAB_VERBS", "auto")})
+    log = proc.stdout + proc.stderr
+    assert comm_lines(log) == cluster_lines(2, 2)
+    assert "via NET/IB" in log
+
+
+MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun not installed")
+def test_topo_under_mpirun_with_per_rank_hostids():
+    """mpirun's ranks, each node's NCCL_HOSTID given per rank (MPMD ``:``); every rank searches its own node."""
+    cmd = [sys.executable, "-m", "collectives.ring", "--topo", str(NDV5), "--sm", "90", *SMALL]
+    proc = subprocess.run([MPIRUN, "-n", "2", "-env", "NCCL_HOSTID", "nodeA", *cmd, ":", "-n", "2", "-env",
+                           "NCCL_HOSTID", "nodeB", *cmd], env=ENV, capture_output=True, text=True, timeout=400,
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    t = nccl_tests.parse(proc.stdout)[0]
+    assert t.rows and all(r.out_of_place["wrong"] == 0 and r.in_place["wrong"] == 0 for r in t.rows)
+    assert comm_lines(proc.stdout + proc.stderr) == cluster_lines(2, 2)

@@ -65,12 +65,6 @@ def test_topo_run_is_bitwise_and_uses_the_searched_channels(tmp_path, module):
         assert trees == [rank_lines(r.channels, rank)[-1]]
 
 
-def test_topo_run_rejects_several_nodes(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "collectives.ring", "--topo", str(square(tmp_path)), "--nodes",
-                           "2"], env=ENV, capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert proc.returncode != 0 and "multi-node" in proc.stderr and "Traceback" not in proc.stderr
-
-
 def test_tune_topo_takes_the_searched_graph():
     r = run_topology(str(NDV5), stand=StandIns(sm=90))
     m = machine(r, "ndv5")
