@@ -114,20 +114,30 @@ def all_gather3(bootstrap, rank: int, nranks: int, ring: Graph, tree: Graph, min
                 ) -> tuple[list[Graph], list[Graph], list[TopoRanks], list[int]]:
     """AllGather3's exchange: every rank's graph info (the tree's chains too: the lab builds every rank's trees),
     its topoRanks and compute capability."""
-    raw = json.dumps({"ring": _graph_info(ring, False), "tree": _graph_info(tree, True), "topo": asdict(mine),
-                      "sm": sm}).encode()
+    raw = encode_graph_info(ring, tree, mine, sm)
     bound = 4096 + 12 * MAXCHANNELS * (2 * nranks + 16)
-    rings, trees, topo, sms = [], [], [], []
-    for r, blob in enumerate(bootstrap.allgather(raw, bound)):
-        try:
-            info = json.loads(blob)
-            rings.append(_graph(info["ring"]))
-            trees.append(_graph(info["tree"]))
-            topo.append(TopoRanks(**info["topo"]))
-            sms.append(int(info["sm"]))
-        except (ValueError, KeyError, TypeError):
-            raise BootstrapError(f"rank {rank}: malformed graph info from rank {r}") from None
-    return rings, trees, topo, sms
+    got = [decode_graph_info(blob, rank, r) for r, blob in enumerate(bootstrap.allgather(raw, bound))]
+    return [g[0] for g in got], [g[1] for g in got], [g[2] for g in got], [g[3] for g in got]
+
+
+def encode_graph_info(ring: Graph, tree: Graph, mine: TopoRanks, sm: int) -> bytes:
+    return json.dumps({"ring": _graph_info(ring, False), "tree": _graph_info(tree, True), "topo": asdict(mine),
+                       "sm": sm}).encode()
+
+
+def decode_graph_info(blob: bytes, rank: int, sender: int) -> tuple[Graph, Graph, TopoRanks, int]:
+    """A peer's graph info back into (ring, tree, topoRanks, compute capability); anything else: one line."""
+    try:
+        info = json.loads(blob)
+        topo = TopoRanks(**info["topo"])
+        lists = (topo.ring_recv, topo.ring_send, topo.ring_prev, topo.ring_next, topo.tree_to_parent,
+                 topo.tree_to_child0, topo.tree_to_child1)
+        if not all(isinstance(x, list) and len(x) <= MAXCHANNELS and all(type(v) is int for v in x)
+                   for x in lists) or type(topo.cross_nic_ring) is not int:
+            raise TypeError("topoRanks")
+        return _graph(info["ring"]), _graph(info["tree"]), topo, int(info["sm"])
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError):
+        raise BootstrapError(f"rank {rank}: malformed graph info from rank {sender}") from None
 
 
 def explicit_channels(rings: list[list[int]], n: int, node_of: list[int]) -> Channels:
