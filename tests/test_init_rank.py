@@ -102,10 +102,17 @@ def test_ring_runner_16_ranks_on_two_ndv5_nodes_over_sockets():
 def test_tree_runner_on_two_nodes_over_ib():
     """The tree runner over the IB transport (the software verbs provider where no RDMA device exists)."""
     proc = run("collectives.tree", ["-g", "4", "--nodes", "2", "--topo", str(NDV5), "--sm", "90"],
-               {**ENV, "NCCL_NET": "IB", "NCCLLAB_VERBS": os.environ.get("NCCLLAB_VERBS", "auto")})
+               {**ENV, "NCCL_NET": "IB", "NCCLLAB_VERBS": os.environ.get("NCCLLAB_VERBS", "auto"),
+                "NCCL_DEBUG_SUBSYS": "INIT,GRAPH,NET"})
     log = proc.stdout + proc.stderr
     assert comm_lines(log) == cluster_lines(2, 2)
     assert "via NET/IB" in log
+    c = run_cluster(str(NDV5), 2, 2, StandIns(sm=90))
+    for ch in range(c.aligned[0].n_channels):      # the search's NICs, said by the rank the ring enters at
+        ends = c.nodes[1].ring.inter[ch]
+        assert re.search(rf"\[\d\] NCCL INFO Channel {ch:02d} : the search's ring enters this node at "
+                         rf"NET/{ends[0]} and leaves at NET/{ends[1]}; the lab's net plugin \(NCCL_NET=IB\) has "
+                         rf"one device", log), ch
 
 
 MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))

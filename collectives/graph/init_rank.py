@@ -162,4 +162,16 @@ def init_rank(bootstrap, rank: int, nranks: int, node_of: list[int], search_chan
     if gathered.node_of != list(node_of):
         raise TopoError(f"rank {rank}: the rings' first ranks give nodes {gathered.node_of}, the hosts "
                         f"{list(node_of)}")
+    if nnodes > 1 and env_str("NCCL_TOPO_FILE"):
+        log_nics(rank, ring, mine, gathered.n)
     return RankTopology(gathered.postset(rank, topo, min(sms)), gathered.ring, gathered.tree)
+
+
+def log_nics(rank: int, ring: Graph, mine: TopoRanks, n: int) -> None:
+    """Ours (NCCL has no such line): which NICs the search put at this node's ends of each ring channel, said by
+    the rank the ring enters the node at, and that the lab's net plugin carries them all on its one device."""
+    for c in range(n):
+        if mine.ring_recv[c] == rank:
+            debug.info("NET", f"Channel {c:02d} : the search's ring enters this node at NET/{ring.inter[c][0]} and "
+                              f"leaves at NET/{ring.inter[c][1]}; the lab's net plugin (NCCL_NET="
+                              f"{env_str('NCCL_NET') or 'auto'}) has one device, dev 0, which carries both")
