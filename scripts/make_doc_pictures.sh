@@ -6,7 +6,7 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 # A traced 4-rank ring AllReduce on 2 emulated nodes (NET between them, SHM inside), 2 rings (4 channels after
 # Postset doubling), a non-identity ring on channel 1.
-NCCLLAB_TRACE="$TMP/trace" NCCL_GRAPH_FILE=topologies/lab-two-rings-graph.xml NCCL_ALGO=Ring \
+NCCLLAB_TRACE="$TMP/trace" NCCL_GRAPH_FILE=topologies/graphs/lab-two-rings.xml NCCL_ALGO=Ring \
   python -m collectives.ring -g 4 --nodes 2 -b 256K -e 256K -n 1 -w 0 >/dev/null
 python -m visualize topology "$TMP/trace" -o "$TMP/topology"
 python -m visualize flow "$TMP/trace" -o "$TMP/chunk-flow" --title "ring AllReduce, 4 ranks, channel 0: who sends which chunk"
