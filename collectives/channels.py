@@ -1,21 +1,22 @@
-"""A communicator's channels (NCCL ``struct ncclChannel``, ``src/channel.cc``; ``setupChannel`` in ``src/init.cc``;
-``ncclTopoPostset`` in ``src/graph/connect.cc``).
+"""A communicator's channels (NCCL ``struct ncclChannel``, ``src/channel.cc``; ``initChannel`` and
+``setupChannel`` in ``src/init.cc``).
 
-The topology search finds ``n`` rings (here: given, or rank order); Postset doubles them, channel c + n repeating
-ring c with tree 1 of the double binary tree, then ``NCCL_MAX_NCHANNELS`` clamps and ``NCCL_MIN_NCHANNELS`` copies
-channels (``copyChannels``).  Three counts, three names: ``search_channels`` (what the search found),
-``Communicator.nchannels`` (after Postset) and ``Plan.nchannels`` (what one collective uses).
+The topology search finds ``n`` rings; ``ncclTopoPostset`` (``graph.connect``, run by ``graph.init_rank``) doubles
+them, channel c + n repeating ring c with tree 1 of the double binary tree, then ``NCCL_MAX_NCHANNELS`` clamps and
+``NCCL_MIN_NCHANNELS`` copies channels.  Here each channel gets this rank's place in its ring and tree.  Three
+counts, three names: ``search_channels`` (what the search found), ``Communicator.nchannels`` (after Postset) and
+``Plan.nchannels`` (what one collective uses).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from collectives.include.connector import Connector
-from collectives.include.device import MAXCHANNELS
 from tracing import debug
 
-from .graph.rings import Ring, ring_log_line, setup_ring
-from .graph.trees import TreeNode, channel_trees, trees_log_line
+from .graph.connect import Channels, channel_lines, rank_lines, tree_lines
+from .graph.rings import Ring, setup_ring
+from .graph.trees import TreeNode
 
 
 @dataclass
@@ -30,27 +31,23 @@ class Channel:
     recv_from: dict = field(default_factory=dict)  # peer -> recv connector
 
 
-def init_channels(orders: list[list[int]], node_of_rank: list[int], pattern: str, rank: int, max_channels: int,
-            min_channels: int) -> tuple[list[Channel], list[dict], list[tuple]]:
-    """``ncclTopoPostset``'s doubling and copies on the search's rings, then ``initChannel`` for this rank (the whole
-    postset on a search graph is ``graph.connect.postset``): (this rank's channels, every channel's tree as every rank sees it,
-    each channel's origin (search ring, tree 0 or 1))."""
-    n = len(orders)
-    trees = channel_trees(orders, node_of_rank, pattern)    # tree 0 of each ring, then tree 1 of each
-    doubled = [(orders[c % n], trees[c], (c % n, c // n)) for c in range(2 * n if 2 * n <= MAXCHANNELS else n)]
-    doubled = doubled[:max(1, min(max_channels, len(doubled)))]
-    start = len(doubled)
-    for c in range(start, min(MAXCHANNELS, min_channels)):          # copyChannels: c copies c - start
-        doubled.append(doubled[c - start])
-    channels = [Channel(c, setup_ring(order, rank), tree[rank]) for c, (order, tree, _) in enumerate(doubled)]
-    return channels, [tree for _, tree, _ in doubled], [origin for _, _, origin in doubled]
+def init_channels(ch: Channels, rank: int) -> tuple[list[Channel], list[dict], list[tuple]]:
+    """``initChannel`` for this rank on the channels its Postset built (``graph.init_rank``): (this rank's
+    channels, every channel's tree as every rank sees it, each channel's origin (search ring, tree 0 or 1))."""
+    trees = ch.trees()
+    channels = [Channel(c, setup_ring(order, rank), trees[c][rank]) for c, order in enumerate(ch.rings)]
+    return channels, trees, [(ch.ring_of[c], ch.tree_of[c]) for c in range(ch.n)]
 
 
-def log_channels(rank: int, channels: list[Channel], trees: list[dict]) -> None:
-    """``initTransportsRank``'s INFO lines: each channel's ring (rank 0), this rank's place in it, and its trees."""
+def log_channels(rank: int, ch: Channels) -> None:
+    """``initTransportsRank``'s INFO lines, as the search prints them (``graph.connect``): connectTrees' Tree
+    lines, rank 0's Channel rings, this rank's place in each ring and its trees."""
+    for line in tree_lines(ch, rank):
+        debug.info("GRAPH", line)
     if rank == 0:
-        for ch in channels:
-            debug.info("INIT", ring_log_line(ch.id, len(channels), list(ch.ring.order)))
-    for ch in channels:
-        debug.info("GRAPH", f"Ring {ch.id:02d} : {ch.ring.prev} -> {rank} -> {ch.ring.next}")
-    debug.info("INIT", trees_log_line(rank, trees))
+        for line in channel_lines(ch):
+            debug.info("INIT", line)
+    *rings, trees = rank_lines(ch, rank)
+    for line in rings:
+        debug.info("GRAPH", line)
+    debug.info("INIT", trees)

@@ -18,7 +18,6 @@ import numpy as np
 
 from collectives.include.protocols import buffer_sizes
 from collectives.misc.futex import address
-from collectives.misc.param import env_str
 from collectives.misc.shm_segment import ShmError
 from collectives.misc.sockets import BootstrapError
 from tracing import debug
@@ -39,7 +38,7 @@ from .device.reduce_copy import OPS, dtype_name, reduce_copy
 from .graph import tuning
 from .graph.cost_model import CostModel
 from .graph.presets import cpu_lab
-from .graph.rings import parse_rings, ring_orders
+from .graph.init_rank import init_rank
 from .graph.trees import tree_table
 from .health import Health
 from .job import install_fatal_hook, rank_env
@@ -103,8 +102,6 @@ class Communicator(GatherScatter):
 
     # ------------------------------------------------------------------ init
     def _init_transports(self, uid: UniqueId, rings, search_channels, protocols, algorithms, device) -> None:
-        if rings is None and env_str("NCCLLAB_RINGS"):
-            rings = parse_rings(env_str("NCCLLAB_RINGS"), self.nranks)
         self.buff_sizes = buffer_sizes()
         proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
         algo_text = algorithms if algorithms is not None else os.environ.get("NCCL_ALGO", "")
@@ -120,12 +117,11 @@ class Communicator(GatherScatter):
         self.oversubscribed = peers.same_machine > len(os.sched_getaffinity(0))  # emulated nodes share the cores
         self._plans: dict[tuple, enqueue.Plan] = {}
         debug.set_device(self.local_rank)
-        orders = ring_orders(self.nranks, peers.search_channels, self.peer_info[0]["rings"], node_of=self.node_of_rank)
-        # the same on every rank (checked above), as NCCL's allgather of the search's results
-        self.search_channels = len(orders)
-        self.channels, self.trees, self.channel_origin = init_channels(
-            orders, self.node_of_rank, self.peer_info[0]["tree_pattern"], self.rank,
-            min(p["max_channels"] for p in self.peer_info), max(p["min_channels"] for p in self.peer_info))
+        # initTransportsRank's topology job: load, search, Preset, AllGather3, Postset (explicit rings: rank 0's)
+        topo = init_rank(self.bootstrap, self.rank, self.nranks, self.node_of_rank, peers.search_channels,
+                         self.peer_info[0]["rings"])
+        self.search_channels = topo.search_channels
+        self.channels, self.trees, self.channel_origin = init_channels(topo.channels, self.rank)
         self.nchannels = len(self.channels)
         self.machine = cpu_lab(self.nranks, self.nnodes, self.search_channels, self.nchannels)
         self.max_threads = tuning.max_threads(self.machine.ring.bw_intra, self.machine.ring.n_channels)
@@ -143,7 +139,7 @@ class Communicator(GatherScatter):
                            f"{self.p2p.n_channels} p2p channels, {self.p2p.n_channels_per_peer} p2p channels per peer")
         debug.info("INIT", f"comm {hex(id(self))} rank {self.rank} nRanks {self.nranks} nNodes {self.nnodes} "
                            f"localRanks {len(self.local_ranks)} localRank {self.local_rank} MNNVL 0")
-        log_channels(self.rank, self.channels, self.trees)
+        log_channels(self.rank, topo.channels)
         self.health = Health(self.rank, self.nranks, self.tag, self.peer_info, self.bootstrap, self.local_ranks,
                              lambda: self.conns.error() if self.conns is not None else None,
                              lambda: self.conns.describe() if self.conns is not None else [])

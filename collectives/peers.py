@@ -1,7 +1,8 @@
 """What every rank tells every other at init (NCCL ``src/init.cc``: ``initTransportsRank``, the ``ncclPeerInfo``
 allgather and ``fillInfo``), and what follows from it: the nodes (``nodesFirstRank``, by host hash), this rank's
 local peers, the channel count of the search (the minimum over ranks, as NCCL's ``comm->nChannels``), and the
-settings every rank must share (buffer sizes, ``NCCL_PROTO``, ``NCCL_ALGO``, the tree pattern).
+settings every rank must share (buffer sizes, ``NCCL_PROTO``, ``NCCL_ALGO``, the device).  The search's graphs
+cross in a second allgather (``graph.init_rank``: AllGather3).
 
 The peer info crosses the bootstrap as a fixed binary layout (``PEER_INFO``, then the two variable texts and the
 explicit rings, each bounded), as NCCL's ``struct ncclPeerInfo`` does; a peer's bytes that do not decode end init
@@ -22,7 +23,6 @@ from collectives.misc.sockets import BootstrapError
 
 from .bootstrap import NCCL_MAGIC
 from .graph.connect import max_nchannels, min_nchannels
-from .graph.trees import tree_pattern
 
 # The ring graph's channel count on this CPU (NCCL takes it from its topology search; Postset then doubles it).
 DEFAULT_SEARCH_CHANNELS_CPU = 1
@@ -40,8 +40,8 @@ class Peers:
 
 
 # rank, host hash, pid, host name, search channels, each protocol's buffer size (PROTOS order), NCCL_MAX/MIN_NCHANNELS,
-# shared-memory tag, tree pattern, device, then the lengths of NCCL_PROTO's and NCCL_ALGO's texts and the ring count
-PEER_INFO = struct.Struct(f"<iQi64si{len(PROTOS)}qii12s16s16sHHH")
+# shared-memory tag, device, then the lengths of NCCL_PROTO's and NCCL_ALGO's texts and the ring count
+PEER_INFO = struct.Struct(f"<iQi64si{len(PROTOS)}qii12s16sHHH")
 MAX_SETTING_TEXT = 1024  # NCCL_PROTO / NCCL_ALGO as given (NCCL's own parser has no bound; ours is generous)
 
 
@@ -62,7 +62,6 @@ def encode_peer_info(info: dict, nranks: int) -> bytes:
     head = PEER_INFO.pack(info["rank"], info["host_hash"], info["pid"], _field(info["host"][:64], 64, "host name"),
                           info["nchannels"], *(info["buff_sizes"][p] for p in PROTOS), info["max_channels"],
                           info["min_channels"], _field(info["tag"], 12, "tag"),
-                          _field(info["tree_pattern"], 16, "NCCLLAB_TREE_PATTERN"),
                           _field(info["device"], 16, "device"), len(proto), len(algo), len(rings))
     flat = [r for ring in rings for r in ring]
     return head + proto + algo + struct.pack(f"<{len(flat)}i", *flat)
@@ -82,7 +81,7 @@ def decode_peer_info(raw: bytes, nranks: int, rank: int) -> dict:
     f = PEER_INFO.unpack_from(raw)
     nproto = len(PROTOS)
     r, host_hash, pid, host = f[0], f[1], f[2], f[3]
-    nch, sizes, (max_ch, min_ch, tag, pattern, device, nproto_text, nalgo_text, nrings) = \
+    nch, sizes, (max_ch, min_ch, tag, device, nproto_text, nalgo_text, nrings) = \
         f[4], f[5:5 + nproto], f[5 + nproto:]
     if r != rank:
         raise bad(f"it says it is rank {r}")
@@ -97,7 +96,7 @@ def decode_peer_info(raw: bytes, nranks: int, rank: int) -> dict:
         proto, algo = raw[pos:pos + nproto_text].decode(), raw[pos + nproto_text:pos + nproto_text + nalgo_text].decode()
         info = {"rank": r, "host_hash": host_hash, "pid": pid, "host": text(host), "nchannels": nch,
                 "buff_sizes": dict(zip(PROTOS, sizes)), "max_channels": max_ch, "min_channels": min_ch,
-                "tag": text(tag), "tree_pattern": text(pattern), "device": text(device), "proto": proto,
+                "tag": text(tag), "device": text(device), "proto": proto,
                 "algo": algo}
     except UnicodeDecodeError:
         raise bad("a text that is not UTF-8") from None
@@ -125,11 +124,11 @@ def exchange(bootstrap, rank: int, nranks: int, magic: int, buff_sizes: dict, ri
             "nchannels": max(1, nch), "buff_sizes": buff_sizes, "max_channels": max_nchannels(),
             "min_channels": min_nchannels(), "tag": _tag(magic),
             "rings": rings, "proto": proto_text.strip().lower(), "algo": algo_text.strip().lower(),
-            "tree_pattern": tree_pattern(), "device": device}
+            "device": device}
     raw = bootstrap.allgather(encode_peer_info(mine, nranks), peer_info_bound(nranks))
     info = [decode_peer_info(b, nranks, r) for r, b in enumerate(raw)]
     for key, what in (("buff_sizes", "NCCL_*BUFFSIZE"), ("proto", "NCCL_PROTO"), ("algo", "NCCL_ALGO"),
-                      ("tree_pattern", "NCCLLAB_TREE_PATTERN"), ("device", "--device / NCCLLAB_DEVICE")):
+                      ("device", "--device / NCCLLAB_DEVICE")):
         if len({repr(p[key]) for p in info}) != 1:
             raise ValueError(f"{what} differs across ranks: {[p[key] for p in info]}")
     hosts = [p["host_hash"] for p in info]

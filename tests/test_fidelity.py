@@ -346,7 +346,7 @@ def test_socket_buffer_sizes_only_when_the_user_sets_them(monkeypatch):
 
 def test_reference_config_is_derived_from_the_environment(monkeypatch):
     """The reference's own reading of the environment: Postset doubling, the max/min clamp, forced protocol."""
-    for var in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NRINGS", "NCCL_MIN_NRINGS", "NCCL_ALGO", "NCCLLAB_RINGS",
+    for var in ("NCCL_MIN_NCHANNELS", "NCCL_MAX_NRINGS", "NCCL_MIN_NRINGS", "NCCL_ALGO",
                 "NCCL_NTHREADS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NCCL_MAX_NCHANNELS", "0")

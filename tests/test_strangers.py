@@ -177,13 +177,19 @@ def test_wire_decoders_refuse_random_and_truncated_bytes():
     info = {"rank": 1, "host_hash": 5, "pid": 77, "host": "h", "nchannels": 1,
             "buff_sizes": {"LL": 1 << 18, "LL128": 1 << 20, "Simple": 1 << 22}, "max_channels": 64,
             "min_channels": 0, "tag": "0123456789ab", "rings": [[0, 1, 2], [2, 1, 0]], "proto": "ll", "algo": "",
-            "tree_pattern": "BALANCED_TREE", "device": "cpu"}
+            "device": "cpu"}
     good_info = peers.encode_peer_info(info, 3)
     assert peers.decode_peer_info(good_info, 3, 1) == info
     good_blobs = connections.encode_blobs({("send", 0, 2): b"", ("recv", 1, 0): b"nccllab-x"})
     assert connections.decode_blobs(good_blobs, 0)[("recv", 1, 0)] == b"nccllab-x"
+    from collectives.graph import init_rank
+    from collectives.graph.connect import preset
+    ring, tree = init_rank.cpu_lab_graphs([0, 1, 2], 2, False)
+    good_graphs = init_rank.encode_graph_info(ring, tree, preset(ring, tree, 1, 2), 0)
+    assert init_rank.decode_graph_info(good_graphs, 0, 1)[1].intra[:2] == [[0, 1, 2], [0, 1, 2]]
     cases = 0
     for good, decode in ((good_info, lambda b: peers.decode_peer_info(b, 3, 1)),
+                         (good_graphs, lambda b: init_rank.decode_graph_info(b, 0, 1)),
                          (good_blobs, lambda b: connections.decode_blobs(b, 0)),
                          (UniqueId("127.0.0.1", 5, 9).to_bytes(), UniqueId.from_bytes)):
         for _ in range(1500):
@@ -202,4 +208,4 @@ def test_wire_decoders_refuse_random_and_truncated_bytes():
             except sockets.BootstrapError:
                 pass
             cases += 1
-    assert cases == 4500
+    assert cases == 6000

@@ -13,6 +13,7 @@ from collectives.perf import reference
 from collectives.graph.trees import channel_trees, connect_trees
 from workers import Case
 from conftest import FIXTURES, ROOT, run_ranks
+from graph_files import graph_file
 
 PROTOS = ["Simple", "LL", "LL128"]
 # 0, 1, a prime, a non-multiple of 16 B, past one LL chunk (8192 floats), past one Simple chunk (131072 floats)
@@ -159,11 +160,14 @@ def test_trace_shows_every_tree_edge_both_ways(tmp_path):
 
 
 @pytest.mark.parametrize("pattern", ["SPLIT_TREE", "TREE"])
-def test_selectable_pattern_on_four_nodes_of_two(pattern):
-    """NCCLLAB_TREE_PATTERN picks the attachment ranks (NCCL takes them from its search): the Trees lines follow
-    connect_trees with that pattern, and the AllReduce is bitwise the order of those trees."""
+def test_selectable_pattern_on_four_nodes_of_two(pattern, tmp_path):
+    """The tree graph's pattern in NCCL_GRAPH_FILE picks the attachment ranks (as the search's would): the Trees
+    lines follow connect_trees with that pattern, and the AllReduce is bitwise the order of those trees."""
+    from collectives.graph.search import PATTERN_NAMES
     from collectives.graph.trees import channel_trees, trees_log_line
-    env = {**TREE_ENV, "NCCLLAB_TREE_PATTERN": pattern, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}
+    number = {name: p for p, name in PATTERN_NAMES.items()}[pattern]
+    path = graph_file(tmp_path / "graphs.xml", [[0, 1]], tree_pattern=number, nets=True)
+    env = {**TREE_ENV, "NCCL_GRAPH_FILE": path, "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT"}
     proc = run_ranks(8, "tree_bitwise", '["Simple"]', "[70001]", '["float32"]', '["sum"]', env=env, nodes=4,
                      timeout=300)
     trees = channel_trees([list(range(8))], [0, 0, 1, 1, 2, 2, 3, 3], pattern)
@@ -173,8 +177,9 @@ def test_selectable_pattern_on_four_nodes_of_two(pattern):
     assert trees != channel_trees([list(range(8))], [0, 0, 1, 1, 2, 2, 3, 3], "BALANCED_TREE")
 
 
-def test_unknown_tree_pattern_is_an_error_on_every_rank():
+def test_unknown_tree_pattern_is_an_error_on_every_rank(tmp_path):
+    path = graph_file(tmp_path / "graphs.xml", [[0, 1]], tree_pattern=7)
     proc = run_ranks(2, "tree_bitwise", '["Simple"]', "[7]", '["float32"]', '["sum"]',
-                     env={**TREE_ENV, "NCCLLAB_TREE_PATTERN": "STAR"}, check=False, timeout=60)
+                     env={**TREE_ENV, "NCCL_GRAPH_FILE": path}, check=False, timeout=60)
     assert proc.returncode != 0
-    assert proc.stderr.count("NCCLLAB_TREE_PATTERN='STAR'") == 2, proc.stderr[-2000:]
+    assert proc.stderr.count("<graph id=1> pattern=7") == 2, proc.stderr[-2000:]

@@ -127,14 +127,11 @@ def test_tree_index_of_doubled_and_copied_channels():
     assert [tree_index(c, 8) for c in range(16)] == [0] * 4 + [1] * 4 + [0] * 4 + [1] * 4  # Hopper x2 copy
 
 
-@pytest.mark.parametrize("nranks,nodes,rings", [(4, 2, ""), (8, 4, "0 1 2 3 4 5 6 7|0 1 3 2 5 4 7 6")])
+@pytest.mark.parametrize("nranks,nodes,rings", [(4, 2, None), (8, 4, [list(range(8)), [0, 1, 3, 2, 5, 4, 7, 6]])])
 def test_replay_our_own_logs(tmp_path, nranks, nodes, rings):
     env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT", "NCCL_DEBUG_FILE": str(tmp_path / "log.%p")}
-    if rings:
-        env["NCCLLAB_RINGS"] = rings
     run_ranks(nranks, "bitwise", Case(channels=2 if rings else 1, counts=[7], dtypes=['float32'],
-                                      colls=['allreduce']).arg(),
-        
+                                      colls=['allreduce'], rings=rings).arg(),
               env=env, nodes=nodes, timeout=300)
     text = "\n".join(p.read_text() for p in sorted(tmp_path.glob("log.*")))
     rep = replay(text)

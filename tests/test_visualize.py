@@ -10,6 +10,7 @@ import pytest
 
 from collectives.graph.trees import channel_trees, get_dtree, trees_log_line
 from conftest import FIXTURES, ROOT, run_ranks
+from graph_files import graph_file
 from tracing import export, nccl_log
 from visualize import curves, diagrams, nccl_tests
 
@@ -23,7 +24,9 @@ def edges(dot_source: str) -> set[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("trace")
-    run_ranks(4, "traced_allreduce", "2", "200000", env={"NCCLLAB_TRACE": str(d), "NCCLLAB_RINGS": "0 2 1 3"})
+    graphs = d / "graphs.xml"     # NCCL_GRAPH_FILE: both search channels ring 0 2 1 3
+    graph_file(graphs, [[0, 2, 1, 3], [0, 2, 1, 3]])
+    run_ranks(4, "traced_allreduce", "2", "200000", env={"NCCLLAB_TRACE": str(d), "NCCL_GRAPH_FILE": str(graphs)})
     return d
 
 

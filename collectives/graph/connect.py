@@ -56,6 +56,7 @@ class Channels:
     search_chains: list = None   # the first n chains, before Postset (connectTrees prints these)
     node_of: list = None         # rank -> node (comm->rankToNode); None on one node
     tree_patterns: list = None   # per node, its tree pattern name (nodesTreePatterns); None: tree_pattern
+    ring_of: list = None         # per channel: the search channel it repeats (Postset doubling and copies)
 
     @property
     def n(self) -> int:
@@ -152,14 +153,25 @@ def postset_rank(rank: int, n: int, all_ranks: list[TopoRanks], first_ranks: lis
         if r != order[0] or sorted(order) != list(range(nranks)):
             raise ValueError(f"channel {c}: the rings do not close over all {nranks} ranks")
         rings.append(order)
-    chains = [list(tree_chains[c]) for c in range(n)]
-    rings, chains, tree_of = rings + rings, chains + chains, [0] * n + [1] * n
+    return postset_channels(rings, [list(tree_chains[c]) for c in range(n)], node_of, tree_patterns, min_cc,
+                            ring_bw_intra)
+
+
+def postset_channels(rings: list[list[int]], chains: list[list[int]], node_of: list[int], tree_patterns: list[str],
+                     min_cc: int = 0, ring_bw_intra: float = 0.0) -> Channels:
+    """The rest of ``ncclTopoPostset`` once the n search channels' rings (over all ranks) are built: the doubling
+    (channel c + n: ring c with tree 1), the Hopper doubling across nodes, NCCL_MAX/MIN_NCHANNELS and CTAs
+    (``copyChannels``).  ``chains[c]``: channel c's tree chains of every node, concatenated."""
+    n, nnodes = len(rings), max(node_of) + 1
+    search_chains = [list(chain) for chain in chains]
+    rings, chains, tree_of = rings + rings, search_chains + search_chains, [0] * n + [1] * n
+    ring_of = list(range(n)) * 2
     total = min(MAXCHANNELS, 2 * n)
-    rings, chains, tree_of = rings[:total], chains[:total], tree_of[:total]
+    rings, chains, tree_of, ring_of = rings[:total], chains[:total], tree_of[:total], ring_of[:total]
     if min_cc >= 90 and nnodes > 1 and ring_bw_intra > 45.0 and total < 16:
         # 4 compute channels per search channel on Hopper across nodes: copyChannels(total, 2 * total)
         end = min(2 * total, MAXCHANNELS)
-        rings, chains, tree_of = (x + x[:end - total] for x in (rings, chains, tree_of))
+        rings, chains, tree_of, ring_of = (x + x[:end - total] for x in (rings, chains, tree_of, ring_of))
         total = end
     max_ch, min_ch = max_nchannels(), min_nchannels()
     max_ctas = env_int("NCCL_MAX_CTAS", MAXCHANNELS)          # comm->config.maxCTAs / minCTAs
@@ -168,15 +180,16 @@ def postset_rank(rank: int, n: int, all_ranks: list[TopoRanks], first_ranks: lis
     min_ctas = min(min_ctas if min_ctas > 0 else 1, MAXCHANNELS, max_ctas)
     min_ch = max(min_ch, min_ctas)
     total = min(max_ch, total, max_ctas)
-    rings, chains, tree_of = rings[:total], chains[:total], tree_of[:total]
+    rings, chains, tree_of, ring_of = rings[:total], chains[:total], tree_of[:total], ring_of[:total]
     start = total
     for c in range(start, max(min_ch, start)):   # copyChannels(start, end)
         rings.append(rings[c - start])
         chains.append(chains[c - start])
         tree_of.append(tree_of[c - start])
+        ring_of.append(ring_of[c - start])
     top = max(tree_patterns, key=lambda name: PATTERN_ORDER[name])
-    return Channels(rings, chains, tree_of, n, top, [list(tree_chains[c]) for c in range(n)],
-                    None if nnodes == 1 else list(node_of), None if nnodes == 1 else list(tree_patterns))
+    return Channels(rings, chains, tree_of, n, top, search_chains,
+                    None if nnodes == 1 else list(node_of), None if nnodes == 1 else list(tree_patterns), ring_of)
 
 
 PATTERN_ORDER = {"BALANCED_TREE": 1, "SPLIT_TREE": 2, "TREE": 3}

@@ -54,6 +54,44 @@ def align_graphs(graphs: list[Graph]) -> Graph:
     return g
 
 
+@dataclass
+class Gathered:
+    """What every rank knows after AllGather3: the nodes (firstRanks, rankToNode, nodesTreePatterns), the graphs
+    aligned over every rank, the channel count and every node's tree chain per channel."""
+    first_ranks: list
+    node_of: list
+    tree_patterns: list
+    ring: Graph
+    tree: Graph
+    n: int
+    chains: list            # per channel: every node's tree chain, node after node
+
+    def postset(self, rank: int, topo_ranks: list[TopoRanks], min_cc: int) -> Channels:
+        """``ncclTopoPostset`` on ``rank``'s own copy of the gathered ``topo_ranks``."""
+        return postset_rank(rank, self.n, topo_ranks, self.first_ranks, self.node_of, self.chains,
+                            self.tree_patterns, min_cc, self.ring.bw_intra)
+
+
+def gather_info(topo_ranks: list[TopoRanks], rings: list[Graph], trees: list[Graph],
+                nodes: int | None = None) -> Gathered:
+    """AllGather3's reading of every rank's Preset and graphs (``rings[r]``, ``trees[r]``: rank r's own search):
+    a new node for every new ringRecv[0] in rank order, min/max alignment, nChannels = min(ring, tree)."""
+    first_ranks: list[int] = []
+    tree_patterns: list[str] = []
+    node_of: list[int] = []
+    for r, t in enumerate(topo_ranks):
+        if t.ring_recv[0] not in first_ranks:
+            first_ranks.append(t.ring_recv[0])
+            tree_patterns.append(tree_pattern_name(trees[r]))
+        node_of.append(first_ranks.index(t.ring_recv[0]))
+    if nodes is not None and len(first_ranks) != nodes:
+        raise TopoError(f"{len(first_ranks)} nodes found from the rings' first ranks, {nodes} expected")
+    ring, tree = align_graphs(rings), align_graphs(trees)
+    n = min(ring.n_channels, tree.n_channels)
+    chains = [[rank for k in range(len(first_ranks)) for rank in trees[first_ranks[k]].intra[c]] for c in range(n)]
+    return Gathered(first_ranks, node_of, tree_patterns, ring, tree, n, chains)
+
+
 def run_cluster(path: str, nodes: int, nranks: int | None = None, stand: StandIns = StandIns()) -> ClusterResult:
     """NCCL's topology steps for ``nodes`` identical nodes of ``nranks`` GPUs each (default every GPU of the
     file)."""
@@ -70,22 +108,10 @@ def run_cluster(path: str, nodes: int, nranks: int | None = None, stand: StandIn
     for r, res in enumerate(per_rank):
         n_own = min(res.ring.n_channels, res.tree.n_channels)
         topo_ranks.append(preset(res.ring, res.tree, r, n_own))
-    # nNodes and firstRanks: a new node for every new ringRecv[0], in rank order
-    first_ranks: list[int] = []
-    tree_patterns: list[str] = []
-    for r, t in enumerate(topo_ranks):
-        if t.ring_recv[0] not in first_ranks:
-            first_ranks.append(t.ring_recv[0])
-            tree_patterns.append(tree_pattern_name(per_rank[r].tree))
-    if len(first_ranks) != nodes:
-        raise TopoError(f"{len(first_ranks)} nodes found from the rings' first ranks, {nodes} expected")
-    ring = align_graphs([res.ring for res in per_rank])
-    tree = align_graphs([res.tree for res in per_rank])
-    n = min(ring.n_channels, tree.n_channels)
-    min_cc = min(g.sm for res in results for g in res.system.nodes[GPU])
-    chains = [[rank for k in range(nodes) for rank in results[k].tree.intra[c][:local]] for c in range(n)]
-    channels: list[Channels] = [postset_rank(r, n, topo_ranks, first_ranks, node_of, chains, tree_patterns,
-                                             min_cc, ring.bw_intra) for r in range(total)]
+    g = gather_info(topo_ranks, [res.ring for res in per_rank], [res.tree for res in per_rank], nodes)
+    min_cc = min(gpu.sm for res in results for gpu in res.system.nodes[GPU])
+    channels: list[Channels] = [g.postset(r, topo_ranks, min_cc) for r in range(total)]
+    ring, tree = g.ring, g.tree
     return ClusterResult(results, total, local, [res.ring for res in results], [res.tree for res in results],
                          (ring, tree), channels, node_of)
 

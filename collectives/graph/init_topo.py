@@ -51,10 +51,11 @@ class TopoResult:
 
 
 def search_node(path: str, nranks: int | None = None, stand: StandIns = StandIns(), nvls: bool = False,
-                first_rank: int = 0, comm_nranks: int | None = None) -> TopoResult:
+                first_rank: int = 0, comm_nranks: int | None = None, compute=topo_compute) -> TopoResult:
     """The steps of ``initTransportsRank`` up to the searches, for the node whose ranks are ``first_rank`` ...
     ``first_rank + nranks - 1`` of a communicator of ``comm_nranks`` (default: this node alone, so no NETs in the
-    channels); ``channels`` is left None (Postset needs every node)."""
+    channels); ``channels`` is left None (Postset needs every node).  ``compute``: ``ncclTopoCompute``
+    (``graph_xml.compute`` adds its NCCL_GRAPH_FILE branch)."""
     xml = load_xml(path)
     nranks = nranks or len(gpu_pcis(xml))
     notes: list[str] = []
@@ -70,14 +71,14 @@ def search_node(path: str, nranks: int | None = None, stand: StandIns = StandIns
     search_init(system)
     graph_lines: list[str] = []
     trace: list[str] = []
-    ring = topo_compute(system, Graph(id=0, pattern=RING, min_channels=1, max_channels=32), trace)
+    ring = compute(system, Graph(id=0, pattern=RING, min_channels=1, max_channels=32), trace)
     graph_lines += print_graph(system, ring)
-    tree = topo_compute(system, Graph(id=1, pattern=BALANCED_TREE, min_channels=ring.n_channels,
+    tree = compute(system, Graph(id=1, pattern=BALANCED_TREE, min_channels=ring.n_channels,
                                       max_channels=ring.n_channels), trace)
     graph_lines += print_graph(system, tree)
     nv = None
     if nvls:
-        nv = topo_compute(system, Graph(id=3, pattern=NVLS, min_channels=1, max_channels=64), trace)
+        nv = compute(system, Graph(id=3, pattern=NVLS, min_channels=1, max_channels=64), trace)
         graph_lines += print_graph(system, nv)
     if any("assuming NVSwitch" in line for line in fill_log):
         notes.append("stand-in: GPUs without <nvlink> got NVLinks to a hidden NVSwitch (NCCL asks NVML)")

@@ -2,15 +2,14 @@
 
 NCCL's ring search on one node tries PCI order (0, 1, ..., n-1) first, which is what a CPU "topology" has, so the
 default ring is rank order.  A ring may also be given explicitly, to replay one copied from a real NCCL log
-(``Channel 00/02 : 0 3 2 1``): by the API (``rings=[[0, 3, 2, 1], ...]``) or ``NCCLLAB_RINGS`` in the syntax of
-NCCL's former ``NCCL_RINGS`` (channels separated by ``|``, ranks by spaces or commas).  Channel c uses ring
-``c % len(rings)``, and channels copied up to NCCL_MIN_NCHANNELS reuse the rings like NCCL's ``copyChannels``.
+(``Channel 00/02 : 0 3 2 1``): by the API (``rings=[[0, 3, 2, 1], ...]``; ``parse_rings`` reads the syntax of
+NCCL's former ``NCCL_RINGS``: channels separated by ``|``, ranks by spaces or commas), or as a graph in
+``NCCL_GRAPH_FILE`` (``graph_xml``).  Channel c uses ring ``c % len(rings)``, and channels copied up to
+NCCL_MIN_NCHANNELS reuse the rings like NCCL's ``copyChannels``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from collectives.misc.param import env_str
 
 
 @dataclass(frozen=True)
@@ -41,11 +40,8 @@ def validate_ring(ring: list[int], nranks: int) -> None:
 
 def ring_orders(nranks: int, nchannels: int, rings: list[list[int]] | None = None,
                 node_of: list[int] | None = None) -> list[list[int]]:
-    """The ring of every channel: explicit ones (API, then NCCLLAB_RINGS), else each node's ranks in order, node
-    after node (``connectRings`` links node n's last rank to node n+1's first)."""
-    if rings is None:
-        text = env_str("NCCLLAB_RINGS")
-        rings = parse_rings(text, nranks) if text else None
+    """The ring of every channel: explicit ones, else each node's ranks in order, node after node
+    (``connectRings`` links node n's last rank to node n+1's first)."""
     if not rings:
         nodes = node_of or [0] * nranks
         rings = [sorted(range(nranks), key=lambda r: (nodes[r], r))]

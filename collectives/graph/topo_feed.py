@@ -1,32 +1,18 @@
-"""Feeding a topology search into the lab: the CPU ranks' rings, tree chains and tree pattern, and the cost model's
-machine (what NCCL's ``initTransportsRank`` hands from ``ncclTopoCompute`` to ``setupChannel``, ``connectTrees``
-and ``ncclTopoTuneModel``).
+"""Feeding a topology into the lab: the runners' ``--topo`` (every rank then loads it as ``NCCL_TOPO_FILE`` and
+searches itself, ``init_rank``), and the cost model's machine (what NCCL's ``initTransportsRank`` hands from
+``ncclTopoCompute`` to ``ncclTopoTuneModel``).
 
-``lab_env`` gives the environment a communicator reads: ``NCCLLAB_RINGS`` (one ring per search channel, so the
-communicator's search channel count is the graph's and Postset doubles it), ``NCCLLAB_TREE_CHAINS`` and
-``NCCLLAB_TREE_PATTERN``.  ``machine`` builds the cost model's ``Machine`` from one node's ring and tree graphs,
+``machine`` builds the cost model's ``Machine`` from one node's ring and tree graphs,
 ``cluster_machine`` from the multi-node search's (``init_cluster``), both through ``tuned_machine``.
 """
 from __future__ import annotations
 
-from .connect import Channels
 from .cost_model import GraphFigures
 from .cost_model import Machine
 from .init_cluster import ClusterResult
 from .init_topo import TopoResult
 from .search import PATTERN_NAMES, Graph
 from .topo import ARCH_ARM, ARCH_POWER, ARCH_X86, CPU, PATH_TYPES, VENDOR_AMD, VENDOR_INTEL, GPU
-
-
-def _join(orders: list[list[int]]) -> str:
-    return "|".join(" ".join(str(r) for r in order) for order in orders)
-
-
-def lab_env(ch: Channels) -> dict[str, str]:
-    """The settings that make a communicator use these channels: rings and chains of the search channels."""
-    n = ch.search_channels
-    return {"NCCLLAB_RINGS": _join(ch.rings[:n]), "NCCLLAB_TREE_CHAINS": _join(ch.chains[:n]),
-            "NCCLLAB_TREE_PATTERN": ch.tree_pattern}
 
 
 def cost_graph(g: Graph, n_channels: int | None = None) -> GraphFigures:
@@ -76,28 +62,43 @@ def _explicit_nranks(argv: list[str]) -> bool:
     return any(a in flags or a.startswith(tuple(f + "=" for f in flags)) for a in argv)
 
 
-def apply_topology(args, argv: list[str], log=None) -> None:
-    """``--topo XML`` on the runners: search the topology (once per process tree: the parent exports the result
-    to the ranks it spawns, each mpirun rank searches itself, as every NCCL rank does) and export ``lab_env``.
-    ``-g N`` keeps the first N GPUs; without it every GPU of the file is a rank."""
+def apply_topology(args, argv: list[str], log=None, job_size: int | None = None) -> None:
+    """``--topo XML`` on the runners: every rank loads it as ``NCCL_TOPO_FILE`` and searches its own node
+    (``init_rank``); ``--sm`` / ``--nvlinks`` travel as NCCLLAB_TOPO_SM / NCCLLAB_TOPO_NVLINKS.  ``-g N``
+    (or mpirun's ``-n``) is N / --nodes GPUs per node, the first ones of the file; without it every GPU of the
+    file is a rank on each node.  ``log``: the launching process also runs the search once to say what the
+    ranks will find."""
     import os
 
+    from .init_cluster import run_cluster
     from .init_topo import run_topology
-    from .topo_xml import StandIns, TopoError
+    from .topo_xml import StandIns, TopoError, gpu_pcis, load_xml
 
-    if getattr(args, "nodes", 1) > 1:
-        raise TopoError("--topo describes one node; the multi-node search is not ported (drop --nodes)")
-    nranks = args.nranks if _explicit_nranks(argv) else None
-    key = f"{os.path.abspath(args.topo)}|{nranks}|{args.sm}|{args.nvlinks}"
-    if os.environ.get("NCCLLAB_TOPO_KEY") == key:
-        args.nranks = len(os.environ["NCCLLAB_RINGS"].split("|")[0].split())
+    nodes = getattr(args, "nodes", 1)
+    ngpus = len(gpu_pcis(load_xml(args.topo)))
+    total = job_size or (args.nranks if _explicit_nranks(argv) else None)
+    if total is not None and (total % nodes or not 1 <= total // nodes <= ngpus):
+        raise TopoError(f"--topo {args.topo}: {total} ranks on {nodes} node(s) is not a whole number of the "
+                        f"file's {ngpus} GPUs per node")
+    local = total // nodes if total is not None else ngpus
+    if job_size is None:
+        args.nranks = local * nodes
+    os.environ["NCCL_TOPO_FILE"] = os.path.abspath(args.topo)
+    for var, value in (("NCCLLAB_TOPO_SM", args.sm), ("NCCLLAB_TOPO_NVLINKS", args.nvlinks)):
+        if value is not None:
+            os.environ[var] = str(value)
+    if log is None:
         return
-    r = run_topology(args.topo, nranks, StandIns(sm=args.sm, nvlinks=args.nvlinks))
-    args.nranks = len(r.system.nodes[GPU])
-    os.environ.update(lab_env(r.channels), NCCLLAB_TOPO_KEY=key)
-    if log is not None:
-        for note in r.stand_in_notes:
-            log(f"# {note}")
-        log(f"# --topo {args.topo}: {args.nranks} ranks; ring {r.ring.n_channels} x {r.ring.bw_intra:g} GB/s "
-            f"{PATH_TYPES[r.ring.type_intra]}, tree {PATTERN_NAMES[r.tree.pattern]} {r.tree.n_channels} x "
-            f"{r.tree.bw_intra:g} GB/s; {r.channels.n} channels after Postset")
+    stand = StandIns(sm=args.sm, nvlinks=args.nvlinks)
+    if nodes > 1:
+        c = run_cluster(args.topo, nodes, local, stand)
+        notes, (ring, tree), comm_channels = c.nodes[0].stand_in_notes, c.aligned, c.channels[0].n
+        pattern = max(t.pattern for t in c.trees)
+    else:
+        r = run_topology(args.topo, local, stand)
+        notes, ring, tree, comm_channels, pattern = r.stand_in_notes, r.ring, r.tree, r.channels.n, r.tree.pattern
+    for note in notes:
+        log(f"# {note}")
+    log(f"# --topo {args.topo}: {nodes} x {local} ranks; ring {ring.n_channels} x {ring.bw_intra:g} GB/s "
+        f"{PATH_TYPES[ring.type_intra]}, tree {PATTERN_NAMES[pattern]} {tree.n_channels} x "
+        f"{tree.bw_intra:g} GB/s; {comm_channels} channels after Postset")

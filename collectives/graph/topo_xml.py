@@ -84,13 +84,15 @@ class XmlNode:
 
 
 KNOWN = {"system": {"cpu"}, "cpu": {"pci", "nic"}, "pci": {"pci", "gpu", "nic", "pcilink"},
-         "gpu": {"nvlink", "c2c"}, "nic": {"net"}, "net": set(), "nvlink": set(), "pcilink": set(), "c2c": set()}
+         "gpu": {"nvlink", "c2c"}, "nic": {"net"}, "net": set(), "nvlink": set(), "pcilink": set(), "c2c": set(),
+         "graphs": {"graph"}, "graph": {"channel"}, "channel": {"net", "gpu"}}   # the last three: NCCL_GRAPH_FILE
 
 # NCCL's parser limits.  src/graph/topo.h: a topology file is read into NCCL_TOPO_XML_MAX_NODES nodes, and the
 # parser fails on the next node once they are used (xml.cc xmlLoadSub: "XML parser is limited to %d nodes");
 # src/graph/xml.h: MAX_STR_LEN names and values (253 characters with the quote and the NUL), MAX_ATTR_COUNT
 # attributes kept per node (the rest are read and ignored), MAX_SUBS children per node.
 NCCL_TOPO_XML_MAX_NODES = 256
+NCCL_GRAPH_XML_MAX_NODES = 4096   # src/graph/topo.h, for graph files (graph_xml.py)
 MAX_STR_LEN = 255
 MAX_ATTR_COUNT = 16
 MAX_SUBS = 640
@@ -101,10 +103,12 @@ MAX_SUBS = 640
 MAX_XML_BYTES = 2 * NCCL_TOPO_XML_MAX_NODES * (2 + 253 + MAX_ATTR_COUNT * (1 + 253 + 2 + 253 + 1) + 2 + 253 + 3)
 
 
-def load_xml(path: str) -> XmlNode:
+def load_xml(path: str, root: str = "system") -> XmlNode:
     """``ncclTopoGetXmlFromFile`` + ``ncclTopoXmlLoadSystem``: the ``<system>`` tree, version checked.  Streamed
     through expat in 64 KiB pieces; NCCL's limits (above) are checked as nodes arrive, so a file of ten thousand
-    GPUs is refused at its 256th node."""
+    GPUs is refused at its 256th node.  ``root="graphs"``: a graph file (``ncclTopoGetXmlGraphFromFile``), whose
+    version the caller checks."""
+    max_nodes = NCCL_TOPO_XML_MAX_NODES if root == "system" else NCCL_GRAPH_XML_MAX_NODES
     try:
         size = os.stat(path).st_size
         if size > MAX_XML_BYTES:
@@ -121,16 +125,16 @@ def load_xml(path: str) -> XmlNode:
     def start(tag: str, attrs: dict) -> None:
         nonlocal count
         parent = stack[-1] if stack else None
-        known = tag == "system" if not stack else parent is not None and tag in KNOWN.get(parent.name, ())
+        known = tag == root if not stack else parent is not None and tag in KNOWN.get(parent.name, ())
         if not stack and not known:
-            raise TopoError(f"{path}: top element is <{tag}>, expected <system>")
+            raise TopoError(f"{path}: top element is <{tag}>, expected <{root}>")
         if not known:                  # NCCL's loader skips tags it has no handler for
             stack.append(None)
             return
         count += 1
-        if count >= NCCL_TOPO_XML_MAX_NODES:
-            raise TopoError(f"{path}: more than {NCCL_TOPO_XML_MAX_NODES - 1} nodes; NCCL's XML parser is limited "
-                            f"to {NCCL_TOPO_XML_MAX_NODES} (NCCL_TOPO_XML_MAX_NODES, src/graph/topo.h)")
+        if count >= max_nodes:
+            raise TopoError(f"{path}: more than {max_nodes - 1} nodes; NCCL's XML parser is limited "
+                            f"to {max_nodes} (NCCL_TOPO_XML_MAX_NODES, src/graph/topo.h)")
         if len(tag) > MAX_STR_LEN - 2 or any(len(k) > MAX_STR_LEN - 2 or len(v) > MAX_STR_LEN - 2
                                              for k, v in attrs.items()):
             raise TopoError(f"{path}: <{tag[:40]}>: a name or value longer than NCCL reads (MAX_STR_LEN "
@@ -169,6 +173,8 @@ def load_xml(path: str) -> XmlNode:
     except OSError as e:
         raise TopoError(f"{path}: cannot read ({e.strerror})") from None
     system = top[0]
+    if root != "system":
+        return system
     version = system.attr_int("version")
     if version != 1:
         raise TopoError(f"<system>: attribute version=\"{version}\" is not 1 (NCCL's XML topology version)")

@@ -7,24 +7,14 @@ Over *nodes*: tree 0 is the binary tree of ``get_btree``; tree 1 mirrors it (eve
 with the indices set by the pattern: TREE (0,0), BALANCED_TREE (1,0), SPLIT_TREE (1,1); a one-rank node always
 uses TREE.  ``down[]`` is [intra-node child, inter-node child d0, inter-node child d1] (existing ones only).
 Channel c uses tree 0 and channel c + nChannels (the Postset copy) tree 1.
-Without a topology search the chain is the channel's ring order restricted to the node.  The tree graph of a
-topology search (``python -m collectives.tools.topology``, ``--topo``) may order it differently; its chains are given per
-channel like rings: ``NCCLLAB_TREE_CHAINS="0 1 2 3|..."`` (channel c uses chain ``c % len``), restricted per node.
+``channel_trees`` takes each node's chain from the channel's ring order, or from given chains; the communicator's
+come from the tree graph (``graph.connect.channel_trees``, after ``init_rank``'s search or NCCL_GRAPH_FILE).
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 PATTERNS = {"BALANCED_TREE": (1, 0), "SPLIT_TREE": (1, 1), "TREE": (0, 0)}
-
-
-def tree_pattern() -> str:
-    """``NCCLLAB_TREE_PATTERN`` (ours: NCCL takes the pattern from its topology search), BALANCED_TREE by default."""
-    name = os.environ.get("NCCLLAB_TREE_PATTERN", "BALANCED_TREE").strip().upper() or "BALANCED_TREE"
-    if name not in PATTERNS:
-        raise ValueError(f"NCCLLAB_TREE_PATTERN={name!r}: choose one of {', '.join(PATTERNS)}")
-    return name
 
 
 def get_btree(nranks: int, rank: int) -> tuple[int, int, int, int]:
@@ -99,25 +89,11 @@ def connect_trees(chains: list[list[int]], pattern: str | list[str] = "BALANCED_
     return result[0], result[1]
 
 
-def tree_chains(nranks: int) -> list[list[int]] | None:
-    """``NCCLLAB_TREE_CHAINS``: the tree graph's chain per channel (ours; NCCL takes it from its search)."""
-    text = os.environ.get("NCCLLAB_TREE_CHAINS", "").strip()
-    if not text:
-        return None
-    chains = [[int(x) for x in part.replace(",", " ").split()] for part in text.split("|") if part.strip()]
-    for chain in chains:
-        if sorted(chain) != list(range(nranks)):
-            raise ValueError(f"NCCLLAB_TREE_CHAINS: chain {chain} is not a permutation of ranks 0..{nranks - 1}")
-    return chains
-
-
 def channel_trees(rings: list[list[int]], node_of_rank: list[int], pattern: str = "BALANCED_TREE",
                   chains: list[list[int]] | None = None) -> list[dict]:
     """Trees of every channel after Postset doubling: channel c -> tree 0 of ring c, c + n -> tree 1.  Each node's
-    chain is ``chains[c]`` (default ``NCCLLAB_TREE_CHAINS``, else ring c) restricted to the node."""
+    chain is ``chains[c]`` (default: ring c) restricted to the node."""
     nnodes = max(node_of_rank) + 1
-    if chains is None:
-        chains = tree_chains(len(node_of_rank))
     first, second = [], []
     for c, ring in enumerate(rings):
         order = chains[c % len(chains)] if chains else ring

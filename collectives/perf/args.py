@@ -51,8 +51,8 @@ def add_arguments(p: argparse.ArgumentParser, coll: str = "allreduce") -> None:
     p.add_argument("--coll", choices=sorted(RUNS), default=coll, help="the collective to run")
     p.add_argument("--json", metavar="FILE", help="also write the rows as JSON records ('-': to stdout, and the "
                                                   "table to stderr)")
-    p.add_argument("--topo", metavar="XML", help="one node's topology: run with the rings, tree chains, tree "
-                   "pattern and channel count NCCL's search finds on it (python -m collectives.tools.topology)")
+    p.add_argument("--topo", metavar="XML", help="each node's topology (NCCL_TOPO_FILE): every rank searches its "
+                   "node as NCCL does, with --nodes K too (python -m collectives.tools.topology XML --nodes K)")
     p.add_argument("--sm", type=int, help="with --topo: compute capability of GPUs the file leaves bare")
     p.add_argument("--nvlinks", type=int, help="with --topo: NVLinks per GPU when the file has none")
     p.add_argument("--device", choices=DEVICES, default=os.environ.get("NCCLLAB_DEVICE", "").strip().lower() or "cpu",

@@ -23,13 +23,13 @@ def main(module: str, argv: Sequence[str] | None = None, coll: str = "allreduce"
     gather)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser(module, coll).parse_args(argv)
-    if args.topo:  # the searched rings, chains and pattern go to every rank through the environment
+    size = job_size()
+    if args.topo:  # every rank loads it as NCCL_TOPO_FILE and searches its own node
         from collectives.graph.topo_feed import apply_topology
         try:
-            apply_topology(args, argv, None if launched() else lambda line: print(line, file=sys.stderr))
+            apply_topology(args, argv, None if launched() else lambda line: print(line, file=sys.stderr), size)
         except ValueError as e:   # TopoError is a ValueError
             return _usage(module, str(e))
-    size = job_size()
     if size is not None and args.nranks is not None and args.nranks != size:
         return _usage(module, f"-g {args.nranks} but this job has {size} ranks (mpirun -n {size}): drop -g or "
                               f"make them equal")

@@ -91,7 +91,7 @@ def config_from_env(nranks: int, search_channels: int = 1, rings: list[list[int]
                     hosts: list | None = None) -> dict:
     """What a test can know without asking the communicator: the channel count (search channels, doubled, then
     NCCL_MAX_NCHANNELS clamps to 1..64 and NCCL_MIN_NCHANNELS copies), the ring of each channel (given, or
-    NCCLLAB_RINGS, or each host's ranks in order, host after host, ``hosts`` being every rank's NCCL_HOSTID), and
+    each host's ranks in order, host after host, ``hosts`` being every rank's NCCL_HOSTID), and
     the protocol or algorithm when NCCL_PROTO / NCCL_ALGO name exactly one (else the cost model chooses)."""
     def env_count(*names, default):
         for name in names:
@@ -102,9 +102,6 @@ def config_from_env(nranks: int, search_channels: int = 1, rings: list[list[int]
     doubled = 2 * search_channels if 2 * search_channels <= 64 else search_channels
     nch = min(doubled, max(1, min(64, env_count("NCCL_MAX_NCHANNELS", "NCCL_MAX_NRINGS", default=64))))
     nch = max(nch, min(64, env_count("NCCL_MIN_NCHANNELS", "NCCL_MIN_NRINGS", default=0)))
-    if rings is None and os.environ.get("NCCLLAB_RINGS", "").strip():
-        rings = [[int(r) for r in part.replace(",", " ").split()]
-                 for part in os.environ["NCCLLAB_RINGS"].split("|") if part.strip()]
     if not rings:
         first_seen = {h: i for i, h in reversed(list(enumerate(hosts or [None] * nranks)))}
         rings = [sorted(range(nranks), key=lambda r: (first_seen[(hosts or [None] * nranks)[r]], r))]
