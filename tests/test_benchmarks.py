@@ -7,6 +7,7 @@ figures themselves are not checked: this machine is too noisy for that, and ``./
 read.  The whole file takes about 45 s on the 2-core lab machine shared with other jobs (load average 5-7), more
 when it is busier (73 s at load 12): each script's start (interpreter, numba, ranks) is most of it.
 """
+import json
 import os
 import re
 import shutil
@@ -21,14 +22,26 @@ BENCH = ROOT / "benchmarks"
 BIN = os.path.dirname(sys.executable)
 MPIRUN = shutil.which("mpirun", path=BIN + os.pathsep + os.environ.get("PATH", ""))
 ROW = r"^\s+8\s+"  # a table row of the 8-byte size, as every table here starts its rows
+VERDICT = r"(?:met|NOT met)$"  # how every goal line ends (issue 27's goals: the figures decide which)
 
 # script -> (command after the script's path, what its output must hold).  {out}: a scratch folder.
 TINY = {
-    "allreduce_vs_mpi.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "--rounds", "1",
+    "allreduce_vs_gloo.py": (["mpirun", "-n", "2"], ["--nodes", "2", "-b", "8", "-e", "64", "-f", "8", "-n", "3",
+                                                     "--rounds", "1", "--json", "{out}/gloo.json"],
+                             ROW + r"\w+/\w+\s+(?:[\d.]+\s+){4}[\d.]+\s*$(?s:.*)"
+                             r"^# check .*NCCL's order: 0 wrong; Gloo within float32 rounding .*: 0 wrong$\n"
+                             r"^# goal 2 x 1 vs Gloo: busbw >= 1.0x at every size: lowest [\d.]+x at (?:8|64) B -> "
+                             + VERDICT),
+    "allreduce_vs_mpi.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "4K", "-f", "8", "-n", "3", "--rounds", "1",
                                                     "--json", "{out}/mpi.json"],
-                            ROW + r"Ring/\w+\s+[\d.]+\s+[\d.]+\s+[\d.]+"),
+                            ROW + r"Ring/\w+\s+[\d.]+\s+[\d.]+\s+[\d.]+(?s:.*)"
+                            r"^# check .*NCCL's order: 0 wrong$\n"
+                            r"^# goal n=2 vs MPI: 8 B time within 2x of MPI's: .* = [\d.]+x -> " + VERDICT + r"\n"
+                            r"^# goal n=2 vs MPI: busbw >= 1.0x at 4 KiB to 128 MiB: lowest [\d.]+x at 4096 B -> "
+                            + VERDICT),
     "latency.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "8", "--rounds", "1", "-n", "2"],
-                   ROW + r"(?:[\d.]+\s+){4}[\d.]+"),
+                   ROW + r"(?:[\d.]+\s+){4}[\d.]+(?s:.*)^# check: every protocol bitwise .*: 0 wrong$\n"
+                   r"^# goal protocol order at 8 B: LL [\d.]+ < LL128 [\d.]+ < Simple [\d.]+ us -> " + VERDICT),
     "net_ib_vs_socket.py": ([], ["-g", "2", "-b", "8", "-e", "8", "-n", "2", "-o", "{out}"],
                             ROW + r"(?:[\d.]+\s+){6}[\d.]+\s*$(?s:.*)8 B AllReduce latency: IB \d+ us"),
     "net_vs_shm.py": ([], ["-g", "2", "-b", "8", "-e", "8", "--rounds", "1"], ROW + r"(?:[\d.]+\s+){6}[\d.]+"),
@@ -37,12 +50,17 @@ TINY = {
     "ring_vs_tree.py": ([], ["-g", "2", "--nodes", "2", "-b", "8", "-e", "8"], ROW + r"(?:[\d.]+\s+){7}\w+/\w+"),
     "soak.py": ([], ["-g", "2", "--count", "4", "--per-comm", "2", "--max-bytes", "4K", "--seed", "1"],
                 r"soak: 4 collectives on 2 ranks, 2 communicators, seed 1, \d+ s: 0 wrong, 0 hangs"),
+    "tuning_check.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "--rounds", "1"],
+                        ROW + r"\w+/\w+\s+[\d.]+\s+(?:(?:[\d.]+|-)\s+){6}\w+/\w+\s+[\d.]+\s*$(?s:.*)"
+                        r"^# check: the pick and every forced pair bitwise .*: 0 wrong$(?s:.*)"
+                        r"^# goal tuning: no forced NCCL_ALGO/NCCL_PROTO more than 20% faster than the pick: "
+                        r"\d of 2 sizes flagged -> " + VERDICT),
     "trace_overhead.sh": ([], ["1", "-e", "8", "-n", "2", "-w", "1"],
                           r"size\s+base us\s+now us\s+overhead\n" + ROW + r"[\d.]+\s+[\d.]+\s+-?[\d.]+%"),
 }
 
 
-HELPERS = {"timing.py"}  # imported by the benchmarks (their side-by-side timer), not run
+HELPERS = {"timing.py", "checks.py"}  # imported by the benchmarks (their side-by-side timer), not run
 
 
 def test_every_benchmark_has_a_tiny_run():
@@ -73,6 +91,20 @@ def test_benchmark_runs_tiny_and_prints_its_table(script, tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     if script == "allreduce_vs_mpi.py":
         side_by_side_json_holds_both_lines(tmp_path / "mpi.json")
+    if script == "allreduce_vs_gloo.py":
+        gloo_json_holds_both_lines(tmp_path / "gloo.json", proc.stdout)
+
+
+def gloo_json_holds_both_lines(path, printed):
+    """``allreduce_vs_gloo.py --json``: ours and Gloo's series, the printed sizes and times, the shape in both."""
+    from visualize import curves
+    lab, gloo = curves.load_series(str(path))
+    assert lab["label"] == "nccl-lab AllReduce n=2, 2 x 1 nodes, beside Gloo", lab
+    assert gloo["label"].startswith("Gloo all_reduce n=2, 2 x 1 nodes (torch "), gloo
+    assert lab["size"] == gloo["size"] == [8, 64]
+    rows = [line.split() for line in printed.splitlines() if re.match(r"^\s+\d+\s", line)]
+    assert [float(r[2]) for r in rows] == pytest.approx([p["time_us"] for p in json.load(open(path))[0]["points"]],
+                                                        abs=0.051)
 
 
 def side_by_side_json_holds_both_lines(path):
@@ -81,7 +113,7 @@ def side_by_side_json_holds_both_lines(path):
     lab, mpi = curves.load_series(str(path))
     assert lab["label"].startswith("nccl-lab AllReduce Ring") and lab["label"].endswith("n=2, beside MPI"), lab
     assert mpi["label"].startswith("MPI Allreduce n=2"), mpi
-    assert lab["size"] == mpi["size"] == [8, 64]
+    assert lab["size"] == mpi["size"] == [8, 64, 512, 4096]
     assert all(v > 0 for v in lab["busbw"] + mpi["busbw"] + lab["algbw"] + mpi["algbw"])
 
 
