@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives  # noqa: E402
 from collectives.job import node_hostid  # noqa: E402
 from collectives.perf.args import sizes  # noqa: E402
-from checks import CHECK_MAX, close_wrong, inputs_for, lab_wrong, verdict  # noqa: E402
+from checks import CHECK_MAX, busbw_goals, close_wrong, inputs_for, lab_wrong  # noqa: E402
 from timing import add_side_by_side_args, iters_for, timed_rounds  # noqa: E402
 
 
@@ -53,14 +53,8 @@ def gloo_group(world):
 def goals(shape: str, lab: list, gloo: list) -> list[str]:
     """Issue 27's goals across nodes from the measured points: lab/Gloo busbw >= 1.0x at every size, >= 1.2x at
     16 MiB and above."""
-    ratios = [(a["size"], a["busbw"] / b["busbw"] if b["busbw"] else 0.0) for a, b in zip(lab, gloo)]
-    lines = []
-    for label, want, pts in (("every size", 1.0, ratios), (">= 16 MiB", 1.2, [r for r in ratios if r[0] >= 16 << 20])):
-        if pts:
-            size, worst = min(pts, key=lambda r: r[1])
-            lines.append(f"# goal {shape} vs Gloo: busbw >= {want:.1f}x at {label}: lowest {worst:.2f}x at {size} B "
-                         f"-> {verdict(worst >= want)}")
-    return lines
+    return busbw_goals(f"{shape} vs Gloo", lab, gloo, [("every size", 1.0, 0, 1 << 62),
+                                                       (">= 16 MiB", 1.2, 16 << 20, 1 << 62)])
 
 
 def main() -> int:

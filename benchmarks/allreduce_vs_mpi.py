@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 import collectives
 from collectives.perf.args import sizes
-from checks import CHECK_MAX, lab_wrong, verdict
+from checks import CHECK_MAX, busbw_goals, lab_wrong, verdict
 from timing import add_side_by_side_args, iters_for, timed_rounds
 
 
@@ -33,14 +33,8 @@ def goals(n: int, lab: list, mpi: list) -> list[str]:
         ratio = small[0][0]["time_us"] / small[0][1]["time_us"]
         lines.append(f"# goal n={n} vs MPI: 8 B time within 2x of MPI's: {small[0][0]['time_us']:.1f} us vs "
                      f"{small[0][1]['time_us']:.1f} us = {ratio:.2f}x -> {verdict(ratio <= 2.0)}")
-    ratios = [(a["size"], a["busbw"] / b["busbw"] if b["busbw"] else 0.0) for a, b in zip(lab, mpi)]
-    for label, want, lo in (("4 KiB to 128 MiB", 1.0, 4 << 10), (">= 2 MiB", 1.5, 2 << 20)):
-        pts = [r for r in ratios if lo <= r[0] <= 128 << 20]
-        if pts:
-            size, worst = min(pts, key=lambda r: r[1])
-            lines.append(f"# goal n={n} vs MPI: busbw >= {want:.1f}x at {label}: lowest {worst:.2f}x at {size} B "
-                         f"-> {verdict(worst >= want)}")
-    return lines
+    return lines + busbw_goals(f"n={n} vs MPI", lab, mpi, [("4 KiB to 128 MiB", 1.0, 4 << 10, 128 << 20),
+                                                          (">= 2 MiB", 1.5, 2 << 20, 128 << 20)])
 
 
 def main() -> int:

@@ -1,6 +1,7 @@
 """The side-by-side benchmarks' correctness checks, one call per size beside the timed ones: the lab's AllReduce
 bitwise against ``collectives.perf.reference`` (NCCL's summation order, the config from ``comm.reference_config``,
-as ``collectives.perf.runner.Runner.check_one`` does), a peer's (Gloo's) only for closeness, its order being its own.
+as ``collectives.perf.runner.Runner.check_one`` does), a peer's (Gloo's) only for closeness, its order being its own;
+and the goal lines they end with.
 The benchmarks run as scripts, so ``import checks`` finds this file beside them."""
 from __future__ import annotations
 
@@ -42,3 +43,21 @@ def close_wrong(got: np.ndarray, inputs: list) -> int:
 
 def verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
+
+
+def busbw_goals(who: str, lab: list, peer: list, bands: list[tuple[str, float, int, int]]) -> list[str]:
+    """One goal line per band (label, least lab/peer busbw ratio, smallest size, largest size) over the measured
+    points (``{"size", "busbw"}`` dicts, the same sizes on both sides), naming the lowest ratio and its size; a band
+    with no measured size is NOT met, marked as not measured."""
+    ratios = [(a["size"], a["busbw"] / b["busbw"] if b["busbw"] else 0.0) for a, b in zip(lab, peer)]
+    lines = []
+    for label, want, lo, hi in bands:
+        pts = [r for r in ratios if lo <= r[0] <= hi]
+        if pts:
+            size, worst = min(pts, key=lambda r: r[1])
+            lines.append(f"# goal {who}: busbw >= {want:.1f}x at {label}: lowest {worst:.2f}x at {size} B "
+                         f"-> {verdict(worst >= want)}")
+        else:  # a quick sweep (-e below the band): said, so that no goal goes missing from the run's lines
+            lines.append(f"# goal {who}: busbw >= {want:.1f}x at {label}: no size measured there -> NOT met "
+                         f"(not measured)")
+    return lines

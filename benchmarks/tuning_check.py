@@ -8,7 +8,8 @@ Ring and Tree with each of LL, LL128 and Simple.  A forced pair whose plan is no
 not available at that size or rank count) is left out of that size, shown as ``-``.  Per size, ``--rounds`` rounds
 alternate all of them (medians; mean over ranks of the average per call) and each one's call is checked bitwise
 against NCCL's order once.  Rank 0 prints the times and, per size, the fastest forced pair and the pick's time
-over it; where that exceeds 1.2 (a forced pair more than 20% faster than the pick) the line names the size, the
+over it, the pick's time being that of the forced pair equal to it (the ``pick`` column, the unforced
+communicator, shows how far two runs of one plan differ on this machine); where that exceeds 1.2 (a forced pair more than 20% faster than the pick) the line names the size, the
 pick and the faster pair, NOT met, and the last line gives the goal over all sizes.
 """
 from __future__ import annotations
@@ -54,10 +55,13 @@ def main() -> int:
         t = timed_rounds(calls, iters_for(size, 100, a.iters), world, a.rounds, warmup=a.warmup_iters)
         wrong += sum(lab_wrong(c, world, x.nbytes, seed=x.nbytes) for c in [model, *live.values()])
         best = min(live, key=t.get) if live else None
-        ratio = t["pick"] / t[best] if best else 1.0
+        # the pick is judged by its forced twin (the same pair, timed like the others) where there is one: the
+        # pick against its twin is this machine's noise, not a tuning miss
+        mine = t[pick] if pick in live else t["pick"]
+        ratio = mine / t[best] if best else 1.0
         checked += 1
-        if ratio > SLACK:
-            flagged.append(f"# goal tuning at {x.nbytes} B: the pick {pick} takes {t['pick'] * 1e6:.1f} us, forced "
+        if best != pick and ratio > SLACK:
+            flagged.append(f"# goal tuning at {x.nbytes} B: the pick {pick} takes {mine * 1e6:.1f} us, forced "
                            f"{best} {t[best] * 1e6:.1f} us is {ratio:.2f}x faster -> NOT met")
         if world.rank == 0:
             cells = " ".join(f"{t[k] * 1e6:>11.1f}" if k in live else f"{'-':>11}" for k in forced)
