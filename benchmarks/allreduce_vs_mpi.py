@@ -5,44 +5,44 @@
 Both use the same float32 buffers, out-of-place.  Per size, ``--rounds`` rounds alternate the two; a round's time is
 the mean over ranks of the average per call, and each side reports its median round.  busbw = algbw * 2(n-1)/n
 as nccl-tests.  The size flags are nccl-tests' (and ``collectives.ring``'s, so ``./lab main`` hands its own on);
-``--json`` writes both lines as series files, the ones ``./lab main`` plots in ``curve.png``.
+``--json`` writes both lines as series files, the ones ``./lab main`` plots in ``curve.png``.  Once per size, up
+to 16 MiB, ours is checked bitwise against NCCL's summation order (``checks.lab_wrong``); a wrong element fails
+the run.  Rank 0 ends with issue 27's one-node goals, one line each, met or NOT met.
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
 from collectives.perf.args import sizes
+from checks import CHECK_MAX, busbw_goals, lab_wrong, verdict
 from timing import add_side_by_side_args, iters_for, timed_rounds
 
 
 
-def goals(n: int, lab: list, mpi: list) -> None:
-    """Issue 17's targets for this n, from the rows just printed: 8-byte time within 3x of MPICH's at n=2 (5x at
-    n=8), and at n=2 a busbw at 16 MiB and above of at least 1.5x MPICH's."""
+def goals(n: int, lab: list, mpi: list) -> list[str]:
+    """Issue 27's one-node goals from the rows just printed (n = 2, 4, 8 alike): lab/MPI busbw at least 1.0x at every
+    size from 4 KiB to 128 MiB and at least 1.5x at 2 MiB and above; the 8-byte time within 2x of MPICH's."""
+    lines = []
     small = [(a, b) for a, b in zip(lab, mpi) if a["size"] == 8]
     if small:
         ratio = small[0][0]["time_us"] / small[0][1]["time_us"]
-        limit = {2: 3.0, 8: 5.0}.get(n)
-        verdict = "" if limit is None else f" (goal <= {limit:g}x: {'met' if ratio <= limit else 'NOT met'})"
-        print(f"# 8 B: {small[0][0]['time_us']:.1f} us vs MPI {small[0][1]['time_us']:.1f} us = {ratio:.1f}x "
-              f"MPI's time{verdict}")
-    big = [(a, b) for a, b in zip(lab, mpi) if a["size"] >= 16 << 20]
-    if big:
-        worst = min(a["busbw"] / b["busbw"] for a, b in big)
-        verdict = f" (goal >= 1.5x: {'met' if worst >= 1.5 else 'NOT met'})" if n == 2 else ""
-        print(f"# >= 16 MiB: lowest busbw ratio lab/MPI {worst:.2f}{verdict}")
+        lines.append(f"# goal n={n} vs MPI: 8 B time within 2x of MPI's: {small[0][0]['time_us']:.1f} us vs "
+                     f"{small[0][1]['time_us']:.1f} us = {ratio:.2f}x -> {verdict(ratio <= 2.0)}")
+    return lines + busbw_goals(f"n={n} vs MPI", lab, mpi, [("4 KiB to 128 MiB", 1.0, 4 << 10, 128 << 20),
+                                                          (">= 2 MiB", 1.5, 2 << 20, 128 << 20)])
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser()
     add_side_by_side_args(p, "256M", 2, 200)
     p.add_argument("--json", help="write both curves as series files for `python -m visualize curves`")
     a = p.parse_args()
-    lab_pts, mpi_pts, algos = [], [], set()
+    lab_pts, mpi_pts, algos, wrong = [], [], set(), 0
     world = MPI.COMM_WORLD
     n = world.size
     with collectives.Communicator() as comm:
@@ -58,6 +58,8 @@ def main() -> None:
             t = timed_rounds({"lab": lambda: comm.all_reduce(x, out=out), "mpi": lambda: world.Allreduce(x, mout)},
                              iters, world, a.rounds, warmup=a.warmup_iters)
             t_lab, t_mpi = t["lab"], t["mpi"]
+            if size <= CHECK_MAX:
+                wrong += lab_wrong(comm, world, size, seed=size)
             if comm.rank == 0:
                 factor = 2 * (n - 1) / n
                 bl, bm = size / t_lab / 1e9 * factor, size / t_mpi / 1e9 * factor
@@ -68,7 +70,9 @@ def main() -> None:
                 lab_pts.append({"size": size, "algbw": size / t_lab / 1e9, "busbw": bl, "time_us": t_lab * 1e6})
                 mpi_pts.append({"size": size, "algbw": size / t_mpi / 1e9, "busbw": bm, "time_us": t_mpi * 1e6})
         if comm.rank == 0:
-            goals(n, lab_pts, mpi_pts)
+            print(f"# check (sizes up to {CHECK_MAX >> 20} MiB): lab bitwise against NCCL's order: {wrong} wrong")
+            for line in goals(n, lab_pts, mpi_pts):
+                print(line)
         if a.json and comm.rank == 0:
             import json
             # the runner's label for its records ("nccl-lab AllReduce Ring n=8"), marked as measured beside MPI
@@ -77,7 +81,8 @@ def main() -> None:
                 json.dump([{"label": label, "points": lab_pts},
                            {"label": f"MPI Allreduce n={n} ({MPI.Get_library_version().split()[0]})",
                             "points": mpi_pts}], f, indent=1)
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -4,24 +4,36 @@
 
 One communicator per protocol (``Communicator(protocols=...)``, NCCL_PROTO's grammar), same float32 buffers,
 in ``--rounds`` alternating rounds per size.  Each figure is the median round's mean over ranks of the average
-time per call, in microseconds.
+time per call, in microseconds.  Each protocol's call is checked bitwise against NCCL's order once per size.
+Rank 0 ends with issue 27's protocol-order goal, one line per size up to ``ORDER_MAX``: forced by ``NCCL_PROTO``'s
+grammar, LL must be fastest, then LL128, then Simple (met or NOT met).
 """
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
 from collectives.perf.args import parse_size
+from checks import lab_wrong, verdict
 from timing import timed_rounds
 
 PROTOS = ("LL", "LL128", "Simple")
+ORDER_MAX = 1 << 10  # "the smallest sizes" of issue 27's order goal: where a message is a few lines of each protocol
+
+
+def order_goal(size: int, times: dict) -> str:
+    """LL < LL128 < Simple in time at ``size``: issue 27's protocol order."""
+    ok = times["LL"] < times["LL128"] < times["Simple"]
+    return (f"# goal protocol order at {size} B: LL {times['LL']:.1f} < LL128 {times['LL128']:.1f} < Simple "
+            f"{times['Simple']:.1f} us -> {verdict(ok)}")
 
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("-b", type=parse_size, default=8)
     p.add_argument("-e", type=parse_size, default=parse_size("1M"))
@@ -35,7 +47,7 @@ def main() -> None:
         print(f"# AllReduce float32 sum latency (us), n={world.size}, mean over ranks; MPI = "
               f"{MPI.Get_library_version().splitlines()[0].strip()}")
         print(f"# {'size':>10} " + " ".join(f"{x:>9}" for x in (*PROTOS, "MPI")) + "   LL/MPI")
-    size = a.b
+    size, wrong, order = a.b, 0, []
     while size <= a.e:
         x = np.random.default_rng(world.rank).uniform(-1, 1, max(1, size // 4)).astype(np.float32)
         out = np.empty_like(x)
@@ -43,13 +55,20 @@ def main() -> None:
         calls = {proto: (lambda c=c: c.all_reduce(x, out=out)) for proto, c in comms.items()}
         calls["MPI"] = lambda: world.Allreduce(x, out)
         times = {name: t * 1e6 for name, t in timed_rounds(calls, iters, world, a.rounds, warmup=3).items()}
+        wrong += sum(lab_wrong(c, world, x.nbytes, seed=x.nbytes) for c in comms.values())
+        if x.nbytes <= ORDER_MAX:
+            order.append(order_goal(x.nbytes, times))
         if world.rank == 0:
             print(f"  {x.nbytes:>10} " + " ".join(f"{times[k]:>9.1f}" for k in calls) +
                   f"   {times['LL'] / times['MPI']:>6.1f}", flush=True)
         size *= a.f
     for c in comms.values():
         c.destroy()
+    if world.rank == 0:
+        print(f"# check: every protocol bitwise against NCCL's order: {wrong} wrong")
+        print("\n".join(order))
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

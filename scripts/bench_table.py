@@ -6,6 +6,8 @@ DIR holds what ``./lab bench`` leaves there:
 
 * ``allreduce_vs_mpi-n<N>.json`` (the benchmark's ``--json`` series: ours and MPI's points) and
   ``allreduce_vs_mpi-n<N>.txt`` (its printed table, for each size's algorithm/protocol and the goal lines);
+  ``allreduce_vs_gloo-<K>x<M>-n<N>.json`` and ``.txt`` alike (ours and Gloo's across K emulated nodes of M ranks);
+* ``tuning_check-n<N>.txt``: only its goal lines (the cost model's pick against each forced pair);
 * ``latency-n<N>.txt`` and ``net_vs_shm-n<N>.txt``: ``benchmarks/latency.py`` and ``benchmarks/net_vs_shm.py``
   have no ``--json``, so their printed tables are read (the layout of their header lines is checked: a change
   there is an error here, not a wrong table).
@@ -108,28 +110,43 @@ def proto_ranges(rows: list[list[str]]) -> str:
     return ", ".join(parts) + f", {runs[-1][0]} above"
 
 
-def read(dirname: str) -> dict:
-    series, notes, mpis, files = [], [], set(), []
-    ar = sorted(glob.glob(os.path.join(dirname, "allreduce_vs_mpi-n*.json")), key=rank_count)
-    for path in ar:
+PEERS = {  # side-by-side benchmark -> its peer's column name in the printed header, its series' label
+    "allreduce_vs_mpi": ("mpi", "MPI `Allreduce`"),
+    "allreduce_vs_gloo": ("gloo", "Gloo `all_reduce`"),
+}
+
+
+def side_by_side(dirname: str, name: str, series: list, notes: list, mpis: set, files: list) -> None:
+    """``NAME[-<shape>]-n<N>.json`` (ours and the peer's points) and the ``.txt`` beside it (each size's
+    algorithm/protocol and the goal lines) of ``allreduce_vs_mpi.py`` or ``allreduce_vs_gloo.py``."""
+    peer, peer_label = PEERS[name]
+    for path in sorted(glob.glob(os.path.join(dirname, f"{name}-*n*.json")), key=lambda p: (rank_count(p), p)):
         n = rank_count(path)
+        shape = re.search(rf"{name}-(?:(\d+)x(\d+)-)?n\d+\.json$", path)
         files.append(path)
         with open(path) as f:
-            lab, mpi = json.load(f)
+            lab, other = json.load(f)
+        bench = f"`{name}.py`, n = {n}" + (f", {shape.group(1)} × {shape.group(2)} nodes"
+                                           if shape and shape.group(1) else "")
         txt = path[:-5] + ".txt"
         protos = None
         if os.path.exists(txt):
             files.append(txt)
             comments, rows = table_lines(txt)
-            header(comments, ["size", "algo/proto", "lab", "us", "lab", "busbw", "mpi", "us", "mpi", "busbw",
-                              "lab/mpi"], txt)
+            header(comments, ["size", "algo/proto", "lab", "us", "lab", "busbw", peer, "us", peer, "busbw",
+                              f"lab/{peer}"], txt)
             protos = proto_ranges(rows)
             mpis.update(filter(None, [mpi_name(comments)]))
-            notes += [f"`allreduce_vs_mpi.py`, n = {n}: {g}" for g in goals(comments)]
-        bench = f"`allreduce_vs_mpi.py`, n = {n}"
+            notes += [f"{bench}: {g}" for g in goals(comments)]
         series.append((bench, f"nccl-lab ({protos})" if protos else "nccl-lab",
                        {p["size"]: (p["time_us"], p["busbw"]) for p in lab["points"]}))
-        series.append((bench, "MPI `Allreduce`", {p["size"]: (p["time_us"], p["busbw"]) for p in mpi["points"]}))
+        series.append((bench, peer_label, {p["size"]: (p["time_us"], p["busbw"]) for p in other["points"]}))
+
+
+def read(dirname: str) -> dict:
+    series, notes, mpis, files = [], [], set(), []
+    for name in PEERS:
+        side_by_side(dirname, name, series, notes, mpis, files)
     for path in sorted(glob.glob(os.path.join(dirname, "latency-n*.txt")), key=rank_count):
         n = rank_count(path)
         files.append(path)
@@ -139,6 +156,7 @@ def read(dirname: str) -> dict:
         for i, label in enumerate(("nccl-lab LL", "nccl-lab LL128", "nccl-lab Simple", "MPI `Allreduce`")):
             pts = {int(r[0]): float(r[1 + i]) for r in rows}
             series.append((f"`latency.py`, n = {n}", label, {s: (t, busbw(s, t, n)) for s, t in pts.items()}))
+        notes += [f"`latency.py`, n = {n}: {g}" for g in goals(comments)]
     for path in sorted(glob.glob(os.path.join(dirname, "net_vs_shm-n*.txt")), key=rank_count):
         n = rank_count(path)
         files.append(path)
@@ -151,9 +169,13 @@ def read(dirname: str) -> dict:
             pts = {int(r[0]): (float(r[1 + 2 * i]), float(r[2 + 2 * i])) for r in rows}
             series.append((f"`net_vs_shm.py`, n = {n}", label, pts))
         notes += [f"`net_vs_shm.py`, n = {n}: {g}" for g in goals(comments)]
+    for path in sorted(glob.glob(os.path.join(dirname, "tuning_check-n*.txt")), key=rank_count):
+        files.append(path)  # its goal lines only: its times per forced pair are in the file, not in the table
+        notes += [f"`tuning_check.py`, n = {rank_count(path)}: {g}" for g in goals(table_lines(path)[0])]
     if not series:
-        raise BenchTableError(f"{dirname}: no benchmark output (allreduce_vs_mpi-n*.json, latency-n*.txt, "
-                              f"net_vs_shm-n*.txt); ./lab bench writes them")
+        raise BenchTableError(f"{dirname}: no benchmark output (allreduce_vs_mpi-n*.json, "
+                              f"allreduce_vs_gloo-*-n*.json, latency-n*.txt, net_vs_shm-n*.txt); ./lab bench "
+                              f"writes them")
     return {"series": series, "notes": notes, "mpi": sorted(mpis), "files": files}
 
 
@@ -203,7 +225,7 @@ def render(data: dict, command: str) -> str:
         facts.append(f"commit {c}")
     out += ["", "; ".join(facts) + "."]
     if data["notes"]:
-        out += ["", "The goals the benchmarks check (issue 17), in this run:", ""]
+        out += ["", "The goals the benchmarks check (issue 27), in this run:", ""]
         out += [f"* {n}" for n in data["notes"]]
     return "\n".join(out) + "\n"
 

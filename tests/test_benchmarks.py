@@ -7,6 +7,7 @@ figures themselves are not checked: this machine is too noisy for that, and ``./
 read.  The whole file takes about 45 s on the 2-core lab machine shared with other jobs (load average 5-7), more
 when it is busier (73 s at load 12): each script's start (interpreter, numba, ranks) is most of it.
 """
+import json
 import os
 import re
 import shutil
@@ -21,14 +22,27 @@ BENCH = ROOT / "benchmarks"
 BIN = os.path.dirname(sys.executable)
 MPIRUN = shutil.which("mpirun", path=BIN + os.pathsep + os.environ.get("PATH", ""))
 ROW = r"^\s+8\s+"  # a table row of the 8-byte size, as every table here starts its rows
+VERDICT = r"(?:met|NOT met)$"  # how every goal line ends (issue 27's goals: the figures decide which)
 
 # script -> (command after the script's path, what its output must hold).  {out}: a scratch folder.
 TINY = {
-    "allreduce_vs_mpi.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "--rounds", "1",
+    "allreduce_vs_gloo.py": (["mpirun", "-n", "2"], ["--nodes", "2", "-b", "8", "-e", "64", "-f", "8", "-n", "3",
+                                                     "--rounds", "1", "--json", "{out}/gloo.json"],
+                             ROW + r"\w+/\w+\s+(?:[\d.]+\s+){4}[\d.]+\s*$(?s:.*)"
+                             r"^# check .*NCCL's order: 0 wrong; Gloo within float32 rounding .*: 0 wrong$\n"
+                             r"^# goal 2 x 1 vs Gloo: busbw >= 1.0x at every size: lowest [\d.]+x at (?:8|64) B -> "
+                             + VERDICT + r"\n^# goal 2 x 1 vs Gloo: busbw >= 1.2x at >= 16 MiB: no size measured there "
+                             r"-> NOT met \(not measured\)$"),
+    "allreduce_vs_mpi.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "4K", "-f", "8", "-n", "3", "--rounds", "1",
                                                     "--json", "{out}/mpi.json"],
-                            ROW + r"Ring/\w+\s+[\d.]+\s+[\d.]+\s+[\d.]+"),
+                            ROW + r"Ring/\w+\s+[\d.]+\s+[\d.]+\s+[\d.]+(?s:.*)"
+                            r"^# check .*NCCL's order: 0 wrong$\n"
+                            r"^# goal n=2 vs MPI: 8 B time within 2x of MPI's: .* = [\d.]+x -> " + VERDICT + r"\n"
+                            r"^# goal n=2 vs MPI: busbw >= 1.0x at 4 KiB to 128 MiB: lowest [\d.]+x at 4096 B -> "
+                            + VERDICT),
     "latency.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "8", "--rounds", "1", "-n", "2"],
-                   ROW + r"(?:[\d.]+\s+){4}[\d.]+"),
+                   ROW + r"(?:[\d.]+\s+){4}[\d.]+(?s:.*)^# check: every protocol bitwise .*: 0 wrong$\n"
+                   r"^# goal protocol order at 8 B: LL [\d.]+ < LL128 [\d.]+ < Simple [\d.]+ us -> " + VERDICT),
     "net_ib_vs_socket.py": ([], ["-g", "2", "-b", "8", "-e", "8", "-n", "2", "-o", "{out}"],
                             ROW + r"(?:[\d.]+\s+){6}[\d.]+\s*$(?s:.*)8 B AllReduce latency: IB \d+ us"),
     "net_vs_shm.py": ([], ["-g", "2", "-b", "8", "-e", "8", "--rounds", "1"], ROW + r"(?:[\d.]+\s+){6}[\d.]+"),
@@ -37,16 +51,24 @@ TINY = {
     "ring_vs_tree.py": ([], ["-g", "2", "--nodes", "2", "-b", "8", "-e", "8"], ROW + r"(?:[\d.]+\s+){7}\w+/\w+"),
     "soak.py": ([], ["-g", "2", "--count", "4", "--per-comm", "2", "--max-bytes", "4K", "--seed", "1"],
                 r"soak: 4 collectives on 2 ranks, 2 communicators, seed 1, \d+ s: 0 wrong, 0 hangs"),
+    "tuning_check.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "--rounds", "1"],
+                        ROW + r"\w+/\w+\s+[\d.]+\s+(?:(?:[\d.]+|-)\s+){6}\w+/\w+\s+[\d.]+\s*$(?s:.*)"
+                        r"^# check: the pick and every forced pair bitwise .*: 0 wrong$(?s:.*)"
+                        r"^# goal tuning: no forced NCCL_ALGO/NCCL_PROTO more than 20% faster than the pick: "
+                        r"\d of 2 sizes flagged -> " + VERDICT),
     "trace_overhead.sh": ([], ["1", "-e", "8", "-n", "2", "-w", "1"],
                           r"size\s+base us\s+now us\s+overhead\n" + ROW + r"[\d.]+\s+[\d.]+\s+-?[\d.]+%"),
 }
 
 
-HELPERS = {"timing.py"}  # imported by the benchmarks (their side-by-side timer), not run
+HELPERS = {"timing.py", "checks.py"}  # imported by the benchmarks (their side-by-side timer), not run
+
+
+DRAWS = {"bench_curves.py"}  # reads ./lab bench's folder: tested below on series files written here
 
 
 def test_every_benchmark_has_a_tiny_run():
-    scripts = sorted(p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh") and p.name not in HELPERS)
+    scripts = sorted(p.name for p in BENCH.iterdir() if p.suffix in (".py", ".sh") and p.name not in HELPERS | DRAWS)
     assert scripts == sorted(TINY), "give each new benchmark a tiny run in TINY"
 
 
@@ -73,6 +95,20 @@ def test_benchmark_runs_tiny_and_prints_its_table(script, tmp_path):
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     if script == "allreduce_vs_mpi.py":
         side_by_side_json_holds_both_lines(tmp_path / "mpi.json")
+    if script == "allreduce_vs_gloo.py":
+        gloo_json_holds_both_lines(tmp_path / "gloo.json", proc.stdout)
+
+
+def gloo_json_holds_both_lines(path, printed):
+    """``allreduce_vs_gloo.py --json``: ours and Gloo's series, the printed sizes and times, the shape in both."""
+    from visualize import curves
+    lab, gloo = curves.load_series(str(path))
+    assert lab["label"] == "nccl-lab AllReduce n=2, 2 x 1 nodes, beside Gloo", lab
+    assert gloo["label"].startswith("Gloo all_reduce n=2, 2 x 1 nodes (torch "), gloo
+    assert lab["size"] == gloo["size"] == [8, 64]
+    rows = [line.split() for line in printed.splitlines() if re.match(r"^\s+\d+\s", line)]
+    assert [float(r[2]) for r in rows] == pytest.approx([p["time_us"] for p in json.load(open(path))[0]["points"]],
+                                                        abs=0.051)
 
 
 def side_by_side_json_holds_both_lines(path):
@@ -81,7 +117,7 @@ def side_by_side_json_holds_both_lines(path):
     lab, mpi = curves.load_series(str(path))
     assert lab["label"].startswith("nccl-lab AllReduce Ring") and lab["label"].endswith("n=2, beside MPI"), lab
     assert mpi["label"].startswith("MPI Allreduce n=2"), mpi
-    assert lab["size"] == mpi["size"] == [8, 64]
+    assert lab["size"] == mpi["size"] == [8, 64, 512, 4096]
     assert all(v > 0 for v in lab["busbw"] + mpi["busbw"] + lab["algbw"] + mpi["algbw"])
 
 
@@ -133,3 +169,93 @@ def test_main_job_hands_the_runner_flags_to_every_run_and_plots_the_side_by_side
     inputs = curve[curve.index("curves") + 1:curve.index("-o")]
     assert inputs == [f"{out}/mpi.json", f"{out}/tree.json", f"{out}/model-cpu.json"], curve
     assert "--skip" not in curve
+
+
+# --- ./lab bench's folder: its curves and its table ---------------------------------------------------------------
+def series_file(path, lab_label, peer_label, points):
+    """A side-by-side --json file: ours and the peer's points {size: (lab us, lab busbw, peer us, peer busbw)}."""
+    path.write_text(json.dumps([
+        {"label": lab_label, "points": [{"size": s, "time_us": v[0], "busbw": v[1], "algbw": v[1]}
+                                        for s, v in points.items()]},
+        {"label": peer_label, "points": [{"size": s, "time_us": v[2], "busbw": v[3], "algbw": v[3]}
+                                         for s, v in points.items()]}]))
+
+
+def bench_dir(tmp_path):
+    """What ./lab bench leaves: MPICH at n = 2 and 4, Gloo at 4 x 1 and 2 x 2, the tuning check's goal lines."""
+    series_file(tmp_path / "allreduce_vs_mpi-n2.json", "nccl-lab AllReduce Ring n=2, beside MPI",
+                "MPI Allreduce n=2 (MPICH)", {8: (5.0, 0.001, 2.5, 0.002), 1 << 21: (900.0, 2.33, 800.0, 2.62)})
+    series_file(tmp_path / "allreduce_vs_mpi-n4.json", "nccl-lab AllReduce Ring n=4, beside MPI",
+                "MPI Allreduce n=4 (MPICH)", {8: (9.0, 0.001, 4.0, 0.003), 1 << 21: (1900.0, 1.6, 1000.0, 3.1)})
+    series_file(tmp_path / "allreduce_vs_gloo-4x1-n4.json", "nccl-lab AllReduce n=4, 4 x 1 nodes, beside Gloo",
+                "Gloo all_reduce n=4, 4 x 1 nodes (torch 2.13.0+cpu)", {8: (40.0, 0.0003, 60.0, 0.0002),
+                                                                       16 << 20: (9e4, 0.28, 7e4, 0.36)})
+    series_file(tmp_path / "allreduce_vs_gloo-2x2-n4.json", "nccl-lab AllReduce n=4, 2 x 2 nodes, beside Gloo",
+                "Gloo all_reduce n=4, 2 x 2 nodes (torch 2.13.0+cpu)", {8: (30.0, 0.0004, 60.0, 0.0002),
+                                                                       16 << 20: (5e4, 0.5, 7e4, 0.36)})
+    (tmp_path / "allreduce_vs_gloo-4x1-n4.txt").write_text(
+        "# AllReduce float32 sum, n=4 as 4 x 1 emulated nodes (...): nccl-lab (...) vs torch.distributed Gloo\n"
+        "#       size   algo/proto     lab us  lab busbw    gloo us gloo busbw lab/gloo\n"
+        "           8  Tree/Simple       40.0       0.00       60.0       0.00     1.50\n"
+        "    16777216  Ring/Simple    90000.0       0.28    70000.0       0.36     0.78\n"
+        "# goal 4 x 1 vs Gloo: busbw >= 1.2x at >= 16 MiB: lowest 0.78x at 16777216 B -> NOT met\n")
+    (tmp_path / "tuning_check-n4.txt").write_text(
+        "#       size         pick   pick us     Ring/LL  Ring/LL128 Ring/Simple    Tree/LL  Tree/LL128 Tree/Simple"
+        "      fastest pick/fastest\n"
+        "# goal tuning at 262144 B: the pick Ring/Simple takes 80.0 us, forced Ring/LL128 50.0 us is 1.60x faster"
+        " -> NOT met\n")
+
+
+def test_bench_table_reads_the_gloo_series_and_every_goal_line(tmp_path):
+    bench_dir(tmp_path)
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_table.py"), str(tmp_path), "-o", "-"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    assert ("| `allreduce_vs_gloo.py`, n = 4, 4 × 1 nodes | nccl-lab (Tree/Simple to 8 B, Ring/Simple above) | 40.0 |"
+            in out), out
+    assert "| `allreduce_vs_gloo.py`, n = 4, 2 × 2 nodes | Gloo `all_reduce` | 60.0 |" in out, out
+    assert "| `allreduce_vs_mpi.py`, n = 4 | MPI `Allreduce` | 4.00 |" in out, out
+    assert ("* `allreduce_vs_gloo.py`, n = 4, 4 × 1 nodes: goal 4 x 1 vs Gloo: busbw >= 1.2x at >= 16 MiB: lowest "
+            "0.78x at 16777216 B -> NOT met") in out, out
+    assert "* `tuning_check.py`, n = 4: goal tuning at 262144 B: the pick Ring/Simple" in out, out
+    assert "(issue 27)" in out and re.search(r"on .+, \d+ cores \(`nproc`\)", out), out
+
+
+def test_bench_curves_draw_one_panel_per_n_with_the_json_points(tmp_path):
+    bench_dir(tmp_path)
+    from visualize import curves
+    files = sorted(str(p) for p in tmp_path.glob("allreduce_vs_*.json"))
+    drawn = curves.plot_panels(files, str(tmp_path / "p.png"))
+    assert sorted(drawn) == ["n = 2", "n = 4"]
+    assert sorted(drawn["n = 4"]) == sorted([
+        "nccl-lab AllReduce Ring n=4, beside MPI", "MPI Allreduce n=4 (MPICH)",
+        "nccl-lab AllReduce n=4, 4 x 1 nodes, beside Gloo", "Gloo all_reduce n=4, 4 x 1 nodes (torch 2.13.0+cpu)",
+        "nccl-lab AllReduce n=4, 2 x 2 nodes, beside Gloo", "Gloo all_reduce n=4, 2 x 2 nodes (torch 2.13.0+cpu)"])
+    for f in files:  # every point of every file, as drawn
+        for s in json.loads(open(f).read()):
+            n = "n = 4" if "n=4" in s["label"] else "n = 2"
+            assert drawn[n][s["label"]] == [(p["size"], p["busbw"]) for p in s["points"]], s["label"]
+    r = subprocess.run([sys.executable, str(BENCH / "bench_curves.py"), str(tmp_path)], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "n = 2: nccl-lab AllReduce Ring n=2, beside MPI; MPI Allreduce n=2 (MPICH)" in r.stdout, r.stdout
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    r = subprocess.run([sys.executable, str(BENCH / "bench_curves.py"), str(tmp_path / "none")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "no allreduce_vs_mpi-n*.json" in r.stderr, r.stderr
+
+
+def test_lab_bench_runs_every_goal_of_issue_27():
+    """``./lab bench`` (minutes): MPICH at 2, 4, 8; Gloo at 4 x 1 and 2 x 2; protocol order; tuning; curves; table;
+    torch installed by it alone; its flags reach the sweeps and --json names the folder."""
+    lab = (ROOT / "lab").read_text()
+    bench = lab[lab.index("\n  bench)"):]
+    bench = bench[:bench.index("\n  *)")]
+    for piece in ("for n in 2 4 8", "benchmarks/allreduce_vs_mpi.py", "for nodes in 4 2",
+                  "benchmarks/allreduce_vs_gloo.py --nodes", "benchmarks/latency.py", "benchmarks/tuning_check.py",
+                  "benchmarks/bench_curves.py", "scripts/bench_table.py", "'.[bench]'", "--json)"):
+        assert piece in bench, piece
+    assert sum(line.count('"${args[@]}"') for line in bench.splitlines() if "mpirun" in line) == 3
+    setup = lab[lab.index("\nsetup()"):lab.index("\n}\n", lab.index("\nsetup()"))]
+    assert ".[bench]" not in setup  # ./lab main and ./lab test need no more than before

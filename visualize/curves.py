@@ -150,3 +150,47 @@ def plot(inputs: list[str], out: str, title: str = "", skip: tuple = ()) -> str:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def panel_of(label: str) -> int | None:
+    """The rank count a series' label names ("... n=4, ..."): its panel in ``plot_panels``."""
+    import re
+    m = re.search(r"\bn=(\d+)\b", label)
+    return int(m.group(1)) if m else None
+
+
+def plot_panels(inputs: list[str], out: str, title: str = "") -> dict[str, dict[str, list[tuple]]]:
+    """busbw against size, one panel per rank count (the ``n=N`` of each series' label; ``./lab bench``'s lab, MPI
+    and Gloo series), the panels side by side.  Returns what was drawn, read back from the figure's axes:
+    {panel title: {series label: [(size, busbw), ...]}}, so that a test checks the picture, not the inputs."""
+    series = _unique([{**s, "file": os.path.basename(path)} for path in inputs for s in load_series(path)])
+    panels: dict[int, list[dict]] = {}
+    for s in series:
+        n = panel_of(s["label"])
+        if n is None:
+            raise ValueError(f"{s['file']}: series '{s['label']}' names no rank count (n=N): no panel to put it in")
+        panels.setdefault(n, []).append(s)
+    if not panels:
+        raise ValueError("no series to plot")
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.5), squeeze=False)
+    drawn: dict[str, dict[str, list[tuple]]] = {}
+    for ax, n in zip(axes[0], sorted(panels)):
+        for i, s in enumerate(panels[n]):
+            pts = [(x, y) for x, y in zip(s["size"], s["busbw"]) if y is not None and y > 0 and x > 0]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=s["label"], color=f"C{i % 10}")
+        ax.set_title(f"n = {n}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("message size (bytes)")
+        ax.set_ylabel("busbw (GB/s)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+        drawn[ax.get_title()] = {line.get_label(): list(zip(*(list(map(float, d)) for d in line.get_data())))
+                                 for line in ax.get_lines()}
+    fig.suptitle(title or "AllReduce busbw against message size, one panel per rank count")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return drawn

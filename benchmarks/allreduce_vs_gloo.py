@@ -1,0 +1,123 @@
+"""Our AllReduce across emulated nodes beside PyTorch's Gloo (``torch.distributed``, CPU tensors over loopback
+TCP), in the same processes, alternating rounds, reported like nccl-tests.
+
+    mpirun -n 4 python benchmarks/allreduce_vs_gloo.py --nodes 4 [-b 8] [-e 128M] [-f 8] [--json FILE]
+
+``--nodes K`` splits the ranks into K emulated nodes (``NCCL_HOSTID`` per block of ranks, as
+``collectives.job.emulated_node`` does for ``--nodes``): ``--nodes 4`` on 4 ranks is "4 x 1" (every hop crosses
+NET/Socket), ``--nodes 2`` is "2 x 2" (SHM inside a node).  Gloo's process group starts from mpirun's rank and
+size over a TCP store on 127.0.0.1, at a free port rank 0 picks and broadcasts; ``GLOO_SOCKET_IFNAME`` defaults to
+``lo``.  Per size, ``--rounds`` rounds alternate the two; each side reports its median round's mean over ranks.
+busbw = algbw * 2(n-1)/n as nccl-tests.
+
+Gloo's ``all_reduce`` works in place: it is timed on a zero-filled buffer (sums of zeros stay zero: no overflow and
+no denormals over the timed calls; a float add costs the same for any normal value), ours out of place on random
+inputs.  Once per size, up to 16 MiB, ours is checked bitwise against NCCL's summation order (fresh inputs,
+poisoned output) and Gloo's for closeness to the exact sum only: Gloo adds in its own order.  Rank 0 prints issue
+27's goals: lab/Gloo busbw at least 1.0x at every size and at least 1.2x at 16 MiB and above, met or NOT met.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import collectives  # noqa: E402
+from collectives.job import node_hostid  # noqa: E402
+from collectives.perf.args import sizes  # noqa: E402
+from checks import CHECK_MAX, busbw_goals, close_wrong, inputs_for, lab_wrong  # noqa: E402
+from timing import add_side_by_side_args, iters_for, timed_rounds  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gloo_group(world):
+    """torch.distributed's Gloo group over these mpirun ranks (the TCP store on rank 0's free port)."""
+    import torch.distributed as dist
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    port = world.bcast(free_port() if world.rank == 0 else None)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=world.rank, world_size=world.size)
+    return dist
+
+
+def goals(shape: str, lab: list, gloo: list) -> list[str]:
+    """Issue 27's goals across nodes from the measured points: lab/Gloo busbw >= 1.0x at every size, >= 1.2x at
+    16 MiB and above."""
+    return busbw_goals(f"{shape} vs Gloo", lab, gloo, [("every size", 1.0, 0, 1 << 62),
+                                                       (">= 16 MiB", 1.2, 16 << 20, 1 << 62)])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_side_by_side_args(p, "128M", 8, 200)
+    p.add_argument("--nodes", type=int, default=0, help="emulated nodes (default: one per rank)")
+    p.add_argument("--json", help="write both curves as series files for `python -m visualize curves`")
+    a = p.parse_args()
+    world = MPI.COMM_WORLD
+    n = world.size
+    nodes = a.nodes or n
+    if nodes < 1 or n % nodes:
+        print(f"allreduce_vs_gloo.py: --nodes {nodes} does not divide {n} ranks", file=sys.stderr)
+        return 2
+    shape = f"{nodes} x {n // nodes}"
+    os.environ["NCCL_HOSTID"] = node_hostid(world.rank, n, nodes)
+    dist = gloo_group(world)
+    import torch
+    uid = world.bcast(collectives.get_unique_id().to_bytes() if world.rank == 0 else None)
+    lab_pts, gloo_pts, wrong = [], [], {"lab": 0, "Gloo": 0}
+    with collectives.Communicator(uid, n, world.rank) as comm:
+        if world.rank == 0:
+            via = sorted({t for ch in comm.describe()["connections"] for t in ch.values()})
+            print(f"# AllReduce float32 sum, n={n} as {shape} emulated nodes (rank 0's connections: {', '.join(via)})"
+                  f": nccl-lab (the cost model's algorithm and protocol) vs torch.distributed Gloo "
+                  f"(torch {torch.__version__}, loopback TCP)")
+            print(f"# {'size':>10} {'algo/proto':>12} {'lab us':>10} {'lab busbw':>10} {'gloo us':>10} "
+                  f"{'gloo busbw':>10} {'lab/gloo':>8}")
+        factor = 2 * (n - 1) / n
+        for size in sizes(a):
+            x = np.random.default_rng(world.rank).uniform(-1, 1, max(1, size // 4)).astype(np.float32)
+            out = np.empty_like(x)
+            zeros = torch.zeros(x.size, dtype=torch.float32)
+            t = timed_rounds({"lab": lambda: comm.all_reduce(x, out=out), "gloo": lambda: dist.all_reduce(zeros)},
+                             iters_for(size, 200, a.iters), world, a.rounds, warmup=a.warmup_iters)
+            if size <= CHECK_MAX:
+                wrong["lab"] += lab_wrong(comm, world, size, seed=size)
+                inputs = inputs_for(size, n, seed=size + 1)
+                mine = torch.from_numpy(np.asarray(inputs[world.rank]).copy())  # summed in place
+                dist.all_reduce(mine)
+                wrong["Gloo"] += world.allreduce(close_wrong(mine.numpy(), inputs))
+            if world.rank == 0:
+                bl, bg = x.nbytes / t["lab"] / 1e9 * factor, x.nbytes / t["gloo"] / 1e9 * factor
+                plan = comm.plan("AllReduce", x.size, x.dtype)
+                print(f"  {x.nbytes:>10} {plan.algo + '/' + plan.proto:>12} {t['lab'] * 1e6:>10.1f} {bl:>10.2f} "
+                      f"{t['gloo'] * 1e6:>10.1f} {bg:>10.2f} {bl / bg if bg else 0:>8.2f}", flush=True)
+                lab_pts.append({"size": x.nbytes, "algbw": x.nbytes / t["lab"] / 1e9, "busbw": bl,
+                                "time_us": t["lab"] * 1e6})
+                gloo_pts.append({"size": x.nbytes, "algbw": x.nbytes / t["gloo"] / 1e9, "busbw": bg,
+                                 "time_us": t["gloo"] * 1e6})
+    if world.rank == 0:
+        print(f"# check (sizes up to {CHECK_MAX >> 20} MiB): lab bitwise against NCCL's order: {wrong['lab']} wrong; "
+              f"Gloo within float32 rounding of the exact sum (its own order): {wrong['Gloo']} wrong")
+        for line in goals(shape, lab_pts, gloo_pts):
+            print(line)
+        if a.json:
+            with open(a.json, "w") as f:
+                json.dump([{"label": f"nccl-lab AllReduce n={n}, {shape} nodes, beside Gloo", "points": lab_pts},
+                           {"label": f"Gloo all_reduce n={n}, {shape} nodes (torch {torch.__version__})",
+                            "points": gloo_pts}], f, indent=1)
+    dist.destroy_process_group()
+    return 1 if any(wrong.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

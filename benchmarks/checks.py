@@ -1,0 +1,63 @@
+"""The side-by-side benchmarks' correctness checks, one call per size beside the timed ones: the lab's AllReduce
+bitwise against ``collectives.perf.reference`` (NCCL's summation order, the config from ``comm.reference_config``,
+as ``collectives.perf.runner.Runner.check_one`` does), a peer's (Gloo's) only for closeness, its order being its own;
+and the goal lines they end with.
+The benchmarks run as scripts, so ``import checks`` finds this file beside them."""
+from __future__ import annotations
+
+import numpy as np
+
+from collectives.perf import reference
+from collectives.perf.runner import _poison, _Rolled, count_wrong, random_input
+
+CHECK_MAX = 16 << 20  # above this the reference (every rank's input in each process) costs more than the sweep
+STRIDE = 7919         # rank q's input is the shared random vector rotated by q * STRIDE, as the runner's
+
+
+def inputs_for(size: int, nranks: int, seed: int) -> list:
+    """Every rank's fresh float32 input of ``size`` bytes (at least one element), cheap to slice."""
+    base = random_input(np.random.default_rng(seed), max(1, size // 4), np.float32)
+    return [_Rolled(base, q * STRIDE) for q in range(nranks)]
+
+
+def lab_wrong(comm, world, size: int, seed: int) -> int:
+    """Elements, over all ranks, where one AllReduce sum of ``comm`` (fresh inputs, poisoned output) differs in
+    its bytes from the NCCL-order reference; 0 is right."""
+    inputs = inputs_for(size, comm.nranks, seed)
+    x = np.asarray(inputs[comm.rank]).copy()  # _Rolled may hand back a view of the shared vector
+    out = np.empty_like(x)
+    _poison(out)
+    comm.all_reduce(x, out=out)
+    want = reference.all_reduce(inputs, "sum", **comm.reference_config("AllReduce", x.size, x.dtype))
+    return world.allreduce(count_wrong(out, want))
+
+
+def close_wrong(got: np.ndarray, inputs: list) -> int:
+    """Elements of a peer's float32 sum farther from the float64 sum of ``inputs`` than float32 rounding over
+    ``len(inputs)`` additions allows."""
+    exact = np.sum([np.asarray(x, dtype=np.float64) for x in inputs], axis=0)
+    tol = len(inputs) * np.finfo(np.float32).eps * np.sum([np.abs(np.asarray(x, np.float64)) for x in inputs],
+                                                          axis=0)
+    return int(np.count_nonzero(~(np.abs(got.astype(np.float64) - exact) <= tol)))
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def busbw_goals(who: str, lab: list, peer: list, bands: list[tuple[str, float, int, int]]) -> list[str]:
+    """One goal line per band (label, least lab/peer busbw ratio, smallest size, largest size) over the measured
+    points (``{"size", "busbw"}`` dicts, the same sizes on both sides), naming the lowest ratio and its size; a band
+    with no measured size is NOT met, marked as not measured."""
+    ratios = [(a["size"], a["busbw"] / b["busbw"] if b["busbw"] else 0.0) for a, b in zip(lab, peer)]
+    lines = []
+    for label, want, lo, hi in bands:
+        pts = [r for r in ratios if lo <= r[0] <= hi]
+        if pts:
+            size, worst = min(pts, key=lambda r: r[1])
+            lines.append(f"# goal {who}: busbw >= {want:.1f}x at {label}: lowest {worst:.2f}x at {size} B "
+                         f"-> {verdict(worst >= want)}")
+        else:  # a quick sweep (-e below the band): said, so that no goal goes missing from the run's lines
+            lines.append(f"# goal {who}: busbw >= {want:.1f}x at {label}: no size measured there -> NOT met "
+                         f"(not measured)")
+    return lines
