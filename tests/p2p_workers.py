@@ -463,5 +463,52 @@ def coverage(args: list[str]) -> None:
     group_colls([])
 
 
+def split_concurrent(args: list[str]) -> None:
+    """split at n=4 into two colors (even and odd ranks); each child runs AllReduces and a grouped ring exchange in
+    its own thread while the parent runs AllReduces and an all-to-all in the main thread, at the same time (NCCL's
+    group state is per thread, so the parent's calls never join the child's group).  Everything bitwise."""
+    import threading
+    from collectives.perf.reference import all_reduce as reference_all_reduce
+    with collectives.Communicator() as comm:
+        n, r = comm.nranks, comm.rank
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        child = comm.split(r % 2, r)
+        failures = []
+
+        def child_work() -> None:
+            try:
+                for i, count in enumerate((4097, 70001, 1)):
+                    xs = inputs_for(seed + 100 + i, child.nranks, count, np.float32)
+                    got = child.all_reduce(xs[child.rank])
+                    want = reference_all_reduce(xs, "sum", **child.reference_config("AllReduce", count, np.float32))
+                    same(got, want, f"child all_reduce count={count} rank {r}")
+                    out = poisoned(count, np.float32)
+                    with collectives.group():
+                        child.send(xs[child.rank], (child.rank + 1) % child.nranks)
+                        time.sleep(0.1)  # the group stays open while the parent's thread makes its calls
+                        child.recv(out, (child.rank - 1) % child.nranks)
+                    same(out, xs[(child.rank - 1) % child.nranks], f"child ring count={count} rank {r}")
+            except BaseException as exc:  # noqa: BLE001  reported by the main thread
+                failures.append(exc)
+
+        thread = threading.Thread(target=child_work, name=f"child-of-rank-{r}")
+        thread.start()
+        for i, count in enumerate((70001, 1, 4097) * 2):
+            xs = inputs_for(seed + i, n, count, np.float32)
+            got = comm.all_reduce(xs[r])
+            want = reference_all_reduce(xs, "sum", **comm.reference_config("AllReduce", count, np.float32))
+            same(got, want, f"parent all_reduce count={count} rank {r}")
+            blocks = [np.arange(n * 5, dtype=np.int32) + 1000 * q for q in range(n)]
+            got = comm.all_to_all(blocks[r])
+            same(got, np.concatenate([blocks[q][r * 5:(r + 1) * 5] for q in range(n)]), f"parent all_to_all rank {r}")
+        thread.join(timeout=120)
+        assert not thread.is_alive(), f"rank {r}: the child's thread did not finish in 120 s"
+        if failures:
+            raise failures[0]
+        child.destroy()
+        sys.stdout.write(f"rank {r} ok split_concurrent\n")
+        sys.stdout.flush()
+
+
 if __name__ == "__main__":
     globals()[sys.argv[1]](sys.argv[2:])
