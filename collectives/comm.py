@@ -26,6 +26,7 @@ from tracing.events import now
 from transports.base import CommInfo
 from transports.connections import Connections, connect_rings, connect_trees
 from transports.p2p import pool_of
+from transports.verbs import emulate_nics
 
 from . import enqueue
 from .bootstrap import Bootstrap, UniqueId
@@ -147,9 +148,10 @@ class Communicator(GatherScatter):
         if self.nranks > 1:
             node = self.node_of_rank
             dev = lambda r: [q for q in range(self.nranks) if node[q] == node[r]].index(r)  # noqa: E731
+            emulate_nics(topo.nics)  # the software verbs provider's devices are this emulated node's NICs
             self.conns = Connections(CommInfo(self.tag, self.rank, self.buff_sizes, dev, self.device,
-                                              self._gpu.layout.nbytes if self._gpu else 0), self.bootstrap,
-                                     self.peer_info)
+                                              self._gpu.layout.nbytes if self._gpu else 0, topo.net_dev),
+                                     self.bootstrap, self.peer_info)
             connect_rings(self.conns, self.channels)
             if self.cost_model.algo_usable("AllReduce", "Tree"):
                 connect_trees(self.conns, self.channels)

@@ -25,6 +25,9 @@ class CommInfo:
     dev: Callable[[int], int]      # a rank's index on its node (the ``[d]`` of NCCL's ``r[d]`` log notation)
     device: object = None          # the GPU device the ranks run on (``collectives/device/backend.py``), or None
     pool_bytes: int = 0            # on a GPU device: the node's P2P pool (``collectives/device/cuda/layout.py``)
+    # (graph id: 0 ring, 1 tree; channel) -> the net device the topology search chose (``ncclTopoGetNetDev``);
+    # None (no topology): device 0
+    net_dev: Callable[[int, int], int] | None = None
 
 
 class Transport:
@@ -38,9 +41,10 @@ class Transport:
         """This communicator's resources for the transport (created at the first connection that uses it)."""
         raise NotImplementedError
 
-    def setup(self, state, channel: int, peer: int, is_send: bool, conn_index: int = 0):
+    def setup(self, state, channel: int, peer: int, is_send: bool, conn_index: int = 0, graph: int = -1):
         """``send.setup`` / ``recv.setup``: this side's resources; returns the blob the peer connects with.
-        ``conn_index``: 0 for the collectives' connections, 1 for point-to-point ones (NCCL's ``connIndex``)."""
+        ``conn_index``: 0 for the collectives' connections, 1 for point-to-point ones (NCCL's ``connIndex``);
+        ``graph``: the id of the graph the connection serves (0 ring, 1 tree; -1 point-to-point)."""
         raise NotImplementedError
 
     def connect(self, state, channel: int, peer: int, is_send: bool, my_blob, peer_blob,

@@ -90,9 +90,9 @@ class Connections:
             self.states[transport] = transport.new_state(self.info)
         return self.states[transport]
 
-    def connect(self, needs: list) -> None:
-        """``ncclTransportP2pSetup``: make every (channel, "send" | "recv", peer) connector not made yet.  Every rank
-        calls this together."""
+    def connect(self, needs: list, graph: int = -1) -> None:
+        """``ncclTransportP2pSetup``: make every (channel, "send" | "recv", peer) connector not made yet, for the
+        graph of id ``graph`` (0 ring, 1 tree).  Every rank calls this together."""
         me = self.peer_info[self.info.rank]
         unique = {(ch.id, d, p): (ch, d, p) for ch, d, p in needs}  # a peer may be both up and ring neighbour
         needs = [(ch, d, p) for ch, d, p in unique.values() if p not in (ch.recv_from if d == "recv" else ch.send_to)]
@@ -100,7 +100,7 @@ class Connections:
         blobs = {}
         for ch, d, p in needs:
             t = chosen[(ch.id, d, p)]
-            blobs[(d, ch.id, p)] = t.setup(self._state(t), ch.id, p, d == "send")
+            blobs[(d, ch.id, p)] = t.setup(self._state(t), ch.id, p, d == "send", graph=graph)
         all_blobs = [decode_blobs(raw, r)
                      for r, raw in enumerate(self.bootstrap.allgather(encode_blobs(blobs), blobs_bound()))]
         deadline = time.monotonic() + timeout_s()
@@ -222,7 +222,7 @@ def connect_rings(conns: Connections, channels: list) -> None:
     needs = []
     for ch in channels:
         needs += [(ch, "recv", ch.ring.prev), (ch, "send", ch.ring.next)]
-    conns.connect(needs)
+    conns.connect(needs, graph=0)
     for ch in channels:
         ch.recv, ch.send = ch.recv_from[ch.ring.prev], ch.send_to[ch.ring.next]
     debug.info("INIT", "Connected all rings, use ring PXN 0 GDR 0")
@@ -236,6 +236,6 @@ def connect_trees(conns: Connections, channels: list) -> None:
         for peer in (ch.tree.up, *ch.tree.down):
             if peer != -1:
                 needs += [(ch, "recv", peer), (ch, "send", peer)]
-    conns.connect(needs)
+    conns.connect(needs, graph=1)
     debug.info("INIT", "Connected all trees")
 

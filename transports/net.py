@@ -12,6 +12,11 @@ net plugin through each connection's progress:
   kernel consume it (LL/LL128 readers see the flags that arrived in the data); when the kernel's ``head`` passes a
   slot, it is ``done`` and may be posted again.
 
+Each ring or tree connection opens on the net device the topology search chose for its channel
+(``CommInfo.net_dev``: ``ncclTopoGetNetDev`` in ``sendSetup``/``recvSetup``), both ends on their own node's choice;
+without a topology, and for point-to-point connections, device 0.  A choice past the plugin's devices (the socket
+plugin has one) falls back to device 0: on purpose unlike NCCL, whose plugin would have that many devices.
+
 One op per (channel, peer, direction) per collective, like ``ncclProxySaveOp``, with the exact number of steps the
 kernel will move.  A plugin failure (``NetError``) reaches the proxy as a ``ProxyError`` naming the connection.
 """
@@ -154,7 +159,7 @@ class NetState:
     def __init__(self, info):
         self.info = info
         self.plugin = select_plugin()
-        self.via = f"NET/{self.plugin.name}/0"
+        self.devs: dict = {}     # (channel, peer, is_send, conn_index) -> the net device setup chose
         self.listens: dict = {}
         self.connections: list[NetConnection] = []
         self.proxy: Proxy | None = None
@@ -170,25 +175,31 @@ class NetTransport(Transport):
     def new_state(self, info: CommInfo) -> NetState:
         return NetState(info)
 
-    def setup(self, state: NetState, channel: int, peer: int, is_send: bool, conn_index: int = 0):
-        """The receiver listens and publishes the plugin's handle; the sender has nothing to publish."""
+    def setup(self, state: NetState, channel: int, peer: int, is_send: bool, conn_index: int = 0,
+              graph: int = -1):
+        """Choose the net device; the receiver listens on it and publishes the plugin's handle, the sender has
+        nothing to publish."""
+        choose = state.info.net_dev
+        dev = choose(graph, channel) if choose is not None and graph >= 0 else 0
+        dev = state.devs[(channel, peer, is_send, conn_index)] = dev if dev < state.plugin.devices() else 0
         if is_send:
             return b""
-        handle, state.listens[(channel, peer, conn_index)] = state.plugin.listen(0)
+        handle, state.listens[(channel, peer, conn_index)] = state.plugin.listen(dev)
         return handle
 
     def connect(self, state: NetState, channel: int, peer: int, is_send: bool, my_blob, peer_blob,
                 deadline: float, conn_index: int = 0) -> Connector:
         info, plugin = state.info, state.plugin
         me, dev = info.rank, info.dev
-        conn = make_connector(peer, is_send, info.buff_sizes, state.via)
+        net_dev = state.devs.pop((channel, peer, is_send, conn_index))
+        via = f"NET/{plugin.name}/{net_dev}"
+        conn = make_connector(peer, is_send, info.buff_sizes, via)
         if is_send:
-            comm = plugin.connect(0, peer_blob, deadline)
-            line = f"Channel {channel:02d}/{conn_index} : {me}[{dev(me)}] -> {peer}[{dev(peer)}] [send] via {state.via}"
+            comm = plugin.connect(net_dev, peer_blob, deadline)
+            line = f"Channel {channel:02d}/{conn_index} : {me}[{dev(me)}] -> {peer}[{dev(peer)}] [send] via {via}"
         else:
             comm = plugin.accept(state.listens[(channel, peer, conn_index)], deadline)
-            line = (f"Channel {channel:02d}/{conn_index} : {peer}[{dev(peer)}] -> {me}[{dev(me)}] [receive] via "
-                    f"{state.via}")
+            line = f"Channel {channel:02d}/{conn_index} : {peer}[{dev(peer)}] -> {me}[{dev(me)}] [receive] via {via}"
         state.connections.append(NetConnection(plugin, conn, comm, channel))
         debug.info("INIT|NET", line)
         return conn

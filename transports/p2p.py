@@ -151,7 +151,8 @@ class P2PTransport(Transport):
     def new_state(self, info: CommInfo) -> P2PState:
         return P2PState(info, info.device)
 
-    def setup(self, state: P2PState, channel: int, peer: int, is_send: bool, conn_index: int = 0) -> bytes:
+    def setup(self, state: P2PState, channel: int, peer: int, is_send: bool, conn_index: int = 0,
+              graph: int = -1) -> bytes:
         if conn_index:  # the pool's layout has one connection per (channel, peer): the collectives'
             raise NotImplementedError("the P2P transport has no point-to-point connections (connIndex 1)")
         return _BLOB.pack(os.getpid())  # the peer in this same process takes the pointer itself

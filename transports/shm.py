@@ -119,7 +119,8 @@ class ShmTransport(Transport):
         state.info = info
         return state
 
-    def setup(self, state: ShmSetup, channel: int, peer: int, is_send: bool, conn_index: int = 0) -> bytes:
+    def setup(self, state: ShmSetup, channel: int, peer: int, is_send: bool, conn_index: int = 0,
+              graph: int = -1) -> bytes:
         return (state.send_setup if is_send else state.recv_setup)(channel, peer, conn_index).encode()
 
     def connect(self, state: ShmSetup, channel: int, peer: int, is_send: bool, my_blob: bytes, peer_blob: bytes,

@@ -19,7 +19,8 @@ follow it, and Postset doubles them.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 from collectives.include.device import MAXCHANNELS
 from collectives.misc.param import env_int, env_str
@@ -30,8 +31,9 @@ from . import graph_xml
 from .connect import Channels, TopoRanks, postset_channels, preset
 from .init_cluster import gather_info
 from .init_topo import search_node
+from .nets import net_dev, nic_names
 from .search import BALANCED_TREE, RING, Graph
-from .topo import GPU, PATH_PHB
+from .topo import GPU, PATH_PHB, System
 from .topo_xml import StandIns, TopoError
 
 CPU_BW = 6.0   # GB/s per channel the CPU lab's node offers (presets.cpu_lab)
@@ -42,6 +44,9 @@ class RankTopology:
     channels: Channels     # this rank's, after its own Postset
     ring: Graph            # the graphs after AllGather3's alignment (None with explicit rings)
     tree: Graph
+    nics: list = field(default_factory=list)   # the node's net devices by name (empty: the CPU lab's node)
+    # (graph id: 0 ring, 1 tree; channel) -> the net device ncclTopoGetNetDev gives that channel; None: device 0
+    net_dev: Callable[[int, int], int] | None = None
 
     @property
     def search_channels(self) -> int:
@@ -69,9 +74,10 @@ def cpu_lab_graphs(node_ranks: list[int], n: int, inter: bool) -> tuple[Graph, G
 
 
 def node_graphs(rank: int, nranks: int, node_ranks: list[int], nnodes: int, search_channels: int
-                ) -> tuple[Graph, Graph, int, dict]:
-    """This node's ring and tree graphs, its lowest compute capability and its device -> rank map: searched on
-    NCCL_TOPO_FILE, else the CPU lab's (each replaced by NCCL_GRAPH_FILE's graph of the same id)."""
+                ) -> tuple[Graph, Graph, int, dict, System | None]:
+    """This node's ring and tree graphs, its lowest compute capability, its device -> rank map and its system:
+    searched on NCCL_TOPO_FILE, else the CPU lab's (each replaced by NCCL_GRAPH_FILE's graph of the same id; no
+    system)."""
     path = env_str("NCCL_TOPO_FILE")
     if path:
         debug.info("ENV", f"NCCL_TOPO_FILE set by environment to {path}")
@@ -83,12 +89,12 @@ def node_graphs(rank: int, nranks: int, node_ranks: list[int], nnodes: int, sear
         for line in r.load_lines + r.graph_lines:
             debug.info("GRAPH", line)
         gpus = r.system.nodes[GPU]
-        return r.ring, r.tree, min(g.sm for g in gpus), {g.rank: g.dev for g in gpus}
+        return r.ring, r.tree, min(g.sm for g in gpus), {g.rank: g.dev for g in gpus}, r.system
     ring, tree = cpu_lab_graphs(node_ranks, search_channels, nnodes > 1)
     dev_rank = dict(enumerate(node_ranks))
     for g in (ring, tree):
         graph_xml.from_file(g, dev_rank, node_ranks)
-    return ring, tree, 0, {r: d for d, r in dev_rank.items()}
+    return ring, tree, 0, {r: d for d, r in dev_rank.items()}, None
 
 
 def _graph_info(g: Graph, intra: bool) -> dict:
@@ -154,7 +160,7 @@ def init_rank(bootstrap, rank: int, nranks: int, node_of: list[int], search_chan
         return RankTopology(explicit_channels(rings, search_channels, node_of), None, None)
     nnodes = max(node_of) + 1
     node_ranks = [r for r in range(nranks) if node_of[r] == node_of[rank]]
-    ring, tree, sm, rank_dev = node_graphs(rank, nranks, node_ranks, nnodes, search_channels)
+    ring, tree, sm, rank_dev, system = node_graphs(rank, nranks, node_ranks, nnodes, search_channels)
     graph_xml.dump_graphs(rank, ring, tree, rank_dev, nnodes > 1)
     mine = preset(ring, tree, rank, min(ring.n_channels, tree.n_channels))
     all_rings, all_trees, topo, sms = all_gather3(bootstrap, rank, nranks, ring, tree, mine, sm)
@@ -164,14 +170,22 @@ def init_rank(bootstrap, rank: int, nranks: int, node_of: list[int], search_chan
                         f"{list(node_of)}")
     if nnodes > 1 and env_str("NCCL_TOPO_FILE"):
         log_nics(rank, ring, mine, gathered.n)
-    return RankTopology(gathered.postset(rank, topo, min(sms)), gathered.ring, gathered.tree)
+    channels = gathered.postset(rank, topo, min(sms))
+    if system is None or nnodes == 1:
+        return RankTopology(channels, gathered.ring, gathered.tree)
+    graphs, n = (ring, tree), channels.search_channels
+    return RankTopology(channels, gathered.ring, gathered.tree, nic_names(system),
+                        lambda graph, c: net_dev(system, graphs[graph], n, rank, c)[1])
 
 
 def log_nics(rank: int, ring: Graph, mine: TopoRanks, n: int) -> None:
     """Ours (NCCL has no such line): which NICs the search put at this node's ends of each ring channel, said by
-    the rank the ring enters the node at, and that the lab's net plugin carries them all on its one device."""
+    the rank the ring enters the node at, and whether the net plugin opens them: NET/IB has a device per NIC (on
+    the software provider, the topology's), the socket plugin carries them all on its one device."""
+    ib = env_str("NCCL_NET").lower() == "ib"
+    how = ("NET/IB opens each on its own device" if ib else
+           f"the lab's net plugin (NCCL_NET={env_str('NCCL_NET') or 'auto'}) has one device, dev 0, which carries both")
     for c in range(n):
         if mine.ring_recv[c] == rank:
             debug.info("NET", f"Channel {c:02d} : the search's ring enters this node at NET/{ring.inter[c][0]} and "
-                              f"leaves at NET/{ring.inter[c][1]}; the lab's net plugin (NCCL_NET="
-                              f"{env_str('NCCL_NET') or 'auto'}) has one device, dev 0, which carries both")
+                              f"leaves at NET/{ring.inter[c][1]}; {how}")

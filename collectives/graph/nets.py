@@ -78,3 +78,10 @@ def net_dev(system: System, graph, n_channels: int, rank: int, channel: int) -> 
     end = 0 if graph.intra[c][0] == rank else 1
     n = net_index(system, graph.inter[c][end])
     return n, system.nodes[NET][n].dev, intermediate_rank(system, rank, n)
+
+
+def nic_names(system: System) -> list[str]:
+    """The node's net devices as a net plugin lists them (ours: NCCL asks the plugin, the lab's stand-in provider
+    asks the topology): index d is the NET of dev d, named as its ``<net name=...>``, else ``mlx5_<d>``."""
+    nets = {n.dev: n.net_name for n in system.nodes[NET]}
+    return [nets.get(d) or f"mlx5_{d}" for d in range(max(nets, default=-1) + 1)]

@@ -85,6 +85,7 @@ class Node:
     max_channels: int = 64
     coll: int = 0
     local_gpu: int = UNDEF
+    net_name: str = ""          # NET: ours, the <net name=...> the net plugin knows the device by
 
     def name(self) -> str:
         return f"{NODE_TYPES[self.type]}/{self.id >> 56:x}-{self.id & 0x00ffffffffffffff:x}"
@@ -200,6 +201,7 @@ def _add_nic(xnic: XmlNode, system: System, nic: Node) -> None:
         dev = xnet.attr_int("dev")
         net = system.create(NET, dev)
         net.dev = dev
+        net.net_name = xnet.attrs.get("name", "")
         try:
             net.asic = int(xnet.attrs["guid"], 16) if "guid" in xnet.attrs else dev
         except ValueError:

@@ -63,3 +63,12 @@ def load() -> types.SimpleNamespace:
         debug.info("NET", f"NET/IB : verbs from the software provider (stand-in for an HCA; {why})")
     _loaded["ns"] = ns
     return ns
+
+
+def emulate_nics(names: list[str]) -> None:
+    """An emulated node's NICs (its topology's, in net-device order) become the software provider's devices, one
+    HCA each; pyverbs' devices are the machine's own and stay as they are."""
+    from . import sim
+    sim.emulate_nics(names)
+    if _loaded and _loaded["ns"].name == "sim":
+        _loaded["ns"].device_names = sim.device_names()

@@ -6,7 +6,7 @@ depth) and moves bytes between processes over TCP; it does not model timing, con
 from __future__ import annotations
 
 from . import enums  # noqa: F401
-from .device import device_names  # noqa: F401
+from .device import device_names, emulate_nics  # noqa: F401
 from .error import SimVerbsError  # noqa: F401
 
 

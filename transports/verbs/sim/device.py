@@ -1,8 +1,10 @@
 """Devices, contexts and protection domains (pyverbs ``pyverbs.device``, ``pyverbs.pd``) of the software verbs
 provider: a stand-in for an HCA, not one.
 
-One device, ``sim_ib0``, port 1, link layer InfiniBand.  Its LID is the TCP port its wire thread listens on at
-127.0.0.1: the stand-in's subnet is one host, which is where the lab's emulated nodes (``NCCL_HOSTID``) live.
+One device, ``sim_ib0``, port 1, link layer InfiniBand; on an emulated node whose topology has NICs, one device per
+NIC instead (``emulate_nics``: ``mlx5_0`` ... as the XML names them), each its own HCA.  A device's LID is the TCP
+port its wire thread listens on at 127.0.0.1: the stand-in's subnet is one host, which is where the lab's emulated
+nodes (``NCCL_HOSTID``) live.
 """
 from __future__ import annotations
 
@@ -16,6 +18,13 @@ DEVICE_NAMES = ["sim_ib0"]
 
 def device_names() -> list[str]:
     return list(DEVICE_NAMES)
+
+
+def emulate_nics(names: list[str]) -> None:
+    """The process's emulated node has these NICs (its topology's, in net-device order): from now on they are the
+    provider's devices.  An empty list keeps ``sim_ib0``."""
+    if names:
+        DEVICE_NAMES[:] = names
 
 
 class Context:
