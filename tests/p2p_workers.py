@@ -268,11 +268,26 @@ def rooted_usage(args: list[str]) -> None:
         sys.stdout.flush()
 
 
+def _child_round(child, seed: int, count: int, where: str, hold_group_s: float = 0.0) -> None:
+    """One round on a split child: an AllReduce bitwise against the reference on the child's own rings, then a ring
+    exchange (send to the next child rank, receive from the previous) in one group, held open ``hold_group_s``."""
+    from collectives.perf.reference import all_reduce as reference_all_reduce
+    xs = inputs_for(seed, child.nranks, count, np.float32)
+    got = child.all_reduce(xs[child.rank])
+    want = reference_all_reduce(xs, "sum", **child.reference_config("AllReduce", count, np.float32))
+    same(got, want, f"child all_reduce count={count} {where}")
+    out = poisoned(count, np.float32)
+    with collectives.group():
+        child.send(xs[child.rank], (child.rank + 1) % child.nranks)
+        time.sleep(hold_group_s)
+        child.recv(out, (child.rank - 1) % child.nranks)
+    same(out, xs[(child.rank - 1) % child.nranks], f"child ring count={count} {where}")
+
+
 def split(args: list[str]) -> None:
     """split at n=4: two colors with keys reversing the order and one rank with None, then one color of three
     ranks reversed and one None; each child runs an AllReduce (bitwise against the reference on its own rings),
     sends and receives, and is destroyed; the parent stays usable in between and after."""
-    from collectives.perf.reference import all_reduce as reference_all_reduce
     with collectives.Communicator() as comm:
         n, r = comm.nranks, comm.rank
         assert n == 4
@@ -293,15 +308,7 @@ def split(args: list[str]) -> None:
                 assert (child.nranks, child.rank) == (len(order), order.index(r)), (order, child.rank)
                 for count in (1, 4097, 70001):
                     seed += 1
-                    xs = inputs_for(seed, child.nranks, count, np.float32)
-                    got = child.all_reduce(xs[child.rank])
-                    want = reference_all_reduce(xs, "sum", **child.reference_config("AllReduce", count, np.float32))
-                    same(got, want, f"child all_reduce count={count} colors={colors} rank {r}")
-                    out = poisoned(count, np.float32)
-                    with collectives.group():
-                        child.send(xs[child.rank], (child.rank + 1) % child.nranks)
-                        child.recv(out, (child.rank - 1) % child.nranks)
-                    same(out, xs[(child.rank - 1) % child.nranks], f"child ring count={count} rank {r}")
+                    _child_round(child, seed, count, f"colors={colors} rank {r}")
             x = np.arange(1000, dtype=np.float32) * (r + 1)
             same(comm.all_reduce(x), sum(np.arange(1000, dtype=np.float32) * (q + 1) for q in range(n)),
                  f"parent after split, rank {r}")
@@ -478,16 +485,8 @@ def split_concurrent(args: list[str]) -> None:
         def child_work() -> None:
             try:
                 for i, count in enumerate((4097, 70001, 1)):
-                    xs = inputs_for(seed + 100 + i, child.nranks, count, np.float32)
-                    got = child.all_reduce(xs[child.rank])
-                    want = reference_all_reduce(xs, "sum", **child.reference_config("AllReduce", count, np.float32))
-                    same(got, want, f"child all_reduce count={count} rank {r}")
-                    out = poisoned(count, np.float32)
-                    with collectives.group():
-                        child.send(xs[child.rank], (child.rank + 1) % child.nranks)
-                        time.sleep(0.1)  # the group stays open while the parent's thread makes its calls
-                        child.recv(out, (child.rank - 1) % child.nranks)
-                    same(out, xs[(child.rank - 1) % child.nranks], f"child ring count={count} rank {r}")
+                    # the group stays open a while, as the parent's thread makes its calls
+                    _child_round(child, seed + 100 + i, count, f"rank {r}", hold_group_s=0.1)
             except BaseException as exc:  # noqa: BLE001  reported by the main thread
                 failures.append(exc)
 
