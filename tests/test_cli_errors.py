@@ -333,11 +333,14 @@ def test_nccl_tests_rows_of_many_processes_are_linear():
     rows = "".join(ln + "\n" for ln in (DATA / "all_reduce_perf_218.txt").read_text().splitlines()
                    if ln.strip() and not ln.lstrip().startswith("#"))
     times = []
-    for mb in (0.5, 2):
+    for mb in (1, 4):
         text = rows * int(mb * 1e6 / len(rows))
-        t = time.perf_counter()
-        tables = nccl_tests.parse(text)
-        times.append(time.perf_counter() - t)
+        best = float("inf")
+        for _ in range(3):  # the best of three: a burst of another process on the 2 cores is not the parser's cost
+            t = time.perf_counter()
+            tables = nccl_tests.parse(text)
+            best = min(best, time.perf_counter() - t)
+        times.append(best)
         assert len(tables) > 10
     assert times[1] / max(times[0], 0.01) < 6, times
 
