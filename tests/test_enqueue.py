@@ -8,7 +8,7 @@ import pytest
 from collectives import enqueue
 from collectives.perf import reference
 from collectives.device.reduce_copy import RedOp, post_div
-from collectives.graph.rings import parse_rings, ring_log_line, setup_ring
+from collectives.graph.rings import ring_log_line, setup_ring, validate_ring
 
 BUFFS = {"Simple": 1 << 22, "LL": 1 << 19, "LL128": 4915200}
 
@@ -78,10 +78,10 @@ def test_ring_log_line_format():
     assert ring_log_line(0, 1, list(range(200))).endswith(" 26  27")       # exactly 127 characters: no "..."
 
 
-def test_parse_rings_rejects_non_permutations():
-    assert parse_rings("0 1 2|2,1,0", 3) == [[0, 1, 2], [2, 1, 0]]
+def test_validate_ring_rejects_non_permutations():
+    validate_ring([2, 1, 0], 3)
     with pytest.raises(ValueError):
-        parse_rings("0 1 1", 3)
+        validate_ring([0, 1, 1], 3)
 
 
 def test_int_avg_truncates_toward_zero_like_sumpostdiv():

@@ -2,9 +2,8 @@
 
 NCCL's ring search on one node tries PCI order (0, 1, ..., n-1) first, which is what a CPU "topology" has, so the
 default ring is rank order.  A ring may also be given explicitly, to replay one copied from a real NCCL log
-(``Channel 00/02 : 0 3 2 1``): by the API (``rings=[[0, 3, 2, 1], ...]``; ``parse_rings`` reads the syntax of
-NCCL's former ``NCCL_RINGS``: channels separated by ``|``, ranks by spaces or commas), or as a graph in
-``NCCL_GRAPH_FILE`` (``graph_xml``).  Channel c uses ring ``c % len(rings)``, and channels copied up to
+(``Channel 00/02 : 0 3 2 1``): by the API (``rings=[[0, 3, 2, 1], ...]``, each checked by ``validate_ring``), or as a
+graph in ``NCCL_GRAPH_FILE`` (``graph_xml``).  Channel c uses ring ``c % len(rings)``, and channels copied up to
 NCCL_MIN_NCHANNELS reuse the rings like NCCL's ``copyChannels``.
 """
 from __future__ import annotations
@@ -20,17 +19,6 @@ class Ring:
     index: int               # position from rank 0 along this ring (chunk rotation in runRing)
     user_ranks: tuple        # the ring starting at self: [0] = self, [1] = next, [n-1] = prev
     order: tuple             # the ring as given (for the log line)
-
-
-def parse_rings(text: str, nranks: int) -> list[list[int]]:
-    rings = []
-    for part in text.split("|"):
-        part = part.replace(",", " ").strip()
-        if part:
-            rings.append([int(x) for x in part.split()])
-    for r in rings:
-        validate_ring(r, nranks)
-    return rings
 
 
 def validate_ring(ring: list[int], nranks: int) -> None:
