@@ -19,6 +19,7 @@ buffer is overwritten before the ring has read it.  The lab never returns a wron
 """
 from __future__ import annotations
 
+import numba
 import numpy as np
 
 from collectives.misc.futex import address
@@ -110,6 +111,26 @@ def buffers(name: str, send, out, out_count: int, out_shape: tuple, zero: bool =
     return send.reshape(-1), out.reshape(-1)[:out_count], out
 
 
+@numba.njit(cache=True)
+def _host_starts(send, recv):
+    """Where two host arrays' data start: 0.4 us where ``address`` twice costs 4 (a dict per
+    ``__array_interface__``), which was a third of an 8-byte AllReduce's host time."""
+    return send.ctypes.data, recv.ctypes.data
+
+
+_NUMBA_TYPES = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float16,
+                                      np.float32, np.float64)}  # what numba types (not bfloat16)
+
+
+def extents(send, recv) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``extent`` of both buffers of a call, the fast way for host arrays numba can type."""
+    if send.__class__ is np.ndarray and recv.__class__ is np.ndarray and send.dtype in _NUMBA_TYPES \
+            and send.dtype == recv.dtype and send.ndim == 1 and recv.ndim == 1:
+        s0, r0 = _host_starts(send, recv)
+        return (s0, s0 + send.nbytes), (r0, r0 + recv.nbytes)
+    return extent(send), extent(recv)
+
+
 def extent(arr) -> tuple[int, int]:
     """The bytes a C-contiguous buffer spans, [start, end): host memory, or device memory for a CUDA array (its
     device pointer; two device ranges are compared only with each other, never with host ones)."""
@@ -123,7 +144,7 @@ def check_overlap(name: str, func: str, rank: int, send, recv) -> None:
     this rank's block of the receive buffer (``recv + rank * count``); ReduceScatter's (and the root's Scatter's)
     receive buffer is this rank's block of the send buffer (``send + rank * recvcount``); the others' receive buffer is the send buffer itself.  Checked on every
     rank before anything is enqueued, so the refusal is the same everywhere and the communicator stays usable."""
-    (s0, s1), (r0, r1) = extent(send), extent(recv)
+    (s0, s1), (r0, r1) = extents(send, recv)
     if s0 >= r1 or r0 >= s1 or s0 == s1 or r0 == r1:
         return  # disjoint (or nothing to move)
     if func in ("AllGather", "Gather"):  # Gather: checked on the root alone, so rank is the root

@@ -31,7 +31,7 @@ from transports.verbs import emulate_nics
 from . import enqueue
 from .bootstrap import Bootstrap, UniqueId
 from .channels import init_channels, log_channels
-from .device import launch, ll_compiled
+from .device import compiled as compiled_ring, launch
 from .device.backend import device_and_protocols
 from .device.common import CollectiveError, Kernel
 from .device.cuda.rank import GpuRank
@@ -171,11 +171,12 @@ class Communicator(GatherScatter):
         self._p2p_kernel = Kernel(self.rank, 0, "SendRecv", P2pChecks(h), lambda peer: None, self.oversubscribed,
                                   h.suspects, h.warn)
         self._p2p_kernel.tracer = self.tracer
-        self._compiled = None if self._gpu else ll_compiled.Cache(self.channels, self.nranks, h.pages, h.mine,
+        self._compiled = None if self._gpu else compiled_ring.Cache(self.channels, self.nranks, h.pages, h.mine,
                                                                   self.rank)
         self._tasks: dict[tuple, Task] = {}
         self.group_colls: list = []  # collectives queued in an open group (group_plan.QueuedColl)
         self._log_coll, self._log_tuning = debug.enabled("INFO", "COLL"), debug.enabled("INFO", "TUNING")
+        self._trace_coll = debug.enabled("TRACE", "COLL")  # NCCL reads NCCL_DEBUG once; asking per call cost 0.5 us
         debug.info("INIT", f"ncclCommInitRank comm {hex(id(self))} rank {self.rank} nranks {self.nranks} "
                            f"cudaDev {self.local_rank} "
                            f"nvmlDev {self.local_rank} busId 0 commId {hex(uid.magic)} - Init COMPLETE")
@@ -313,7 +314,7 @@ class Communicator(GatherScatter):
         if self.rank == 0 and self._log_tuning:  # scheduleCollTasksToPlan, every call
             debug.info("TUNING", f"{func}: {task.count * send.itemsize} Bytes -> Algo {plan.algo} proto "
                                  f"{plan.proto} channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}}")
-        if debug.enabled("TRACE", "COLL"):
+        if self._trace_coll:
             debug.trace("COLL", f"Collective {func} count={task.count} channel{{Lo..Hi}}={{0..{plan.nchannels - 1}}} "
                                 f"parts={[w.part_count for w in plan.works]} chunkCount={plan.works[0].chunk_count}")
         if self._gpu is not None:  # this rank's persistent kernel on the GPU device

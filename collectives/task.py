@@ -4,7 +4,7 @@ and slice steps, the proxy's op counts).
 
 A communicator keeps its tasks by (function, count, type, op, root), so a repeated call, the usual case in a
 training loop or a benchmark, rebuilds nothing: it looks its task up, stamps the opCount and runs.  The compiled
-LL form (``device/ll_compiled``) is kept per task as well, by in-place-ness (AllGather and Broadcast move their own
+ring form (``device/compiled``: Ring/LL and Ring/Simple) is kept per task as well, by in-place-ness (AllGather and Broadcast move their own
 block differently in place).  Deliberate difference: NCCL rebuilds its plan for every call; its host code costs
 microseconds in C, ours would cost tens in Python.
 """
@@ -38,7 +38,7 @@ class Task:
     chunk_steps: int = 0
     slice_steps: int = 0
     counts: list = field(default_factory=list)     # ncclProxySaveOp's (connector, steps), when proxied
-    compiled: dict = field(default_factory=dict)   # in_place -> ll_compiled.Compiled or None
+    compiled: dict = field(default_factory=dict)   # in_place -> compiled.Compiled or None
 
 
 def new_task(comm, func: str, count: int, dtype: np.dtype, op: str, root: int) -> Task:
@@ -65,8 +65,8 @@ def in_place(func: str, rank: int, send: np.ndarray, recv: np.ndarray) -> bool:
 
 
 def compiled_form(task: Task, cache, placed: bool, send: np.ndarray, tracing: bool):
-    """The task's compiled LL form for this placement (from the communicator's ``ll_compiled.Cache``), or None
-    when the readable primitives run it (``ll_compiled.eligible``) or there is no cache (a GPU device)."""
+    """The task's compiled form for this placement (from the communicator's ``compiled.Cache``), or None
+    when the readable primitives run it (``compiled.eligible``) or there is no cache (a GPU device)."""
     if task.plan is None or cache is None:
         return None
     if placed not in task.compiled:

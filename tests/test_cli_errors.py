@@ -342,7 +342,7 @@ def test_nccl_tests_rows_of_many_processes_are_linear():
             best = min(best, time.perf_counter() - t)
         times.append(best)
         assert len(tables) > 10
-    assert times[1] / max(times[0], 0.01) < 6, times
+    assert times[1] / max(times[0], 0.01) < 9, times  # linear: 4; the quadratic parser measured 11-16
 
 
 def test_topo_refuses_a_big_file_fast_and_small(tmp_path):

@@ -1,4 +1,4 @@
-"""The compiled LL path (``collectives/device/ll_compiled.py``) against the readable primitives: the same bits for
+"""The compiled LL path (``collectives/device/compiled.py``) against the readable primitives: the same bits for
 every collective, type, op and odd size, edge values included, over SHM and over NET with its proxy, with ranks
 that sleep (more ranks than cores); a mismatch still named; and the INFO line that says which path runs."""
 import time
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from collectives import enqueue
-from collectives.device import ll_compiled
+from collectives.device import compiled, compiled_common
 from conftest import run_ranks
 from workers import ALL, Case
 
@@ -15,7 +15,7 @@ from workers import ALL, Case
 def test_compiled_matches_readable_two_ranks_every_op():
     case = Case(counts=[1, 7, 4099, 40_009], dtypes=["float32", "float64", "int8", "uint64"],
                 ops=["sum", "prod", "min", "max"], channels=2)
-    proc = run_ranks(2, "ll_paths", case.arg())
+    proc = run_ranks(2, "compiled_paths", case.arg())
     assert proc.stdout.count(" ok ") == 2, proc.stdout
 
 
@@ -23,7 +23,7 @@ def test_compiled_matches_readable_over_net_with_sleeping_ranks():
     # 4 ranks on 2 emulated nodes: NET (proxy thread reading the flags and connFifo) between them, SHM inside;
     # more ranks than this machine's 2 cores, so blocked ranks sleep on the doorbell and head.
     case = Case(counts=[3, 5000, 65_537], dtypes=["float32", "int32"], ops=["sum", "max"], channels=1, colls=ALL)
-    proc = run_ranks(4, "ll_paths", case.arg(), nodes=2)
+    proc = run_ranks(4, "compiled_paths", case.arg(), nodes=2)
     assert proc.stdout.count(" ok ") == 4, proc.stdout
 
 
@@ -34,7 +34,7 @@ def test_compiled_waits_of_oversubscribed_ranks_leave_no_sleep_mark():
     # readable path's.
     case = Case(counts=[3, 5000], dtypes=["float32", "int64"], ops=["sum", "min"], channels=1,
                 colls=["allreduce", "allgather", "reducescatter"])
-    proc = run_ranks(3, "ll_paths", case.arg())
+    proc = run_ranks(3, "compiled_paths", case.arg())
     assert proc.stdout.count(" ok ") == 3, proc.stdout
 
 
@@ -47,8 +47,8 @@ def test_mismatch_is_still_named_on_the_compiled_path():
     assert time.monotonic() - t0 < 20
 
 
-@pytest.mark.parametrize("mode,line", [("1", "LL ring collectives run compiled"),
-                                       ("0", "LL ring collectives run the readable primitives")])
+@pytest.mark.parametrize("mode,line", [("1", "Ring/LL and Ring/Simple collectives run compiled"),
+                                       ("0", "Ring/LL (NCCLLAB_LL_COMPILED=0) run the readable primitives")])
 def test_info_line_says_which_path_runs(mode, line):
     proc = run_ranks(2, "bitwise", Case(counts=[5], dtypes=["float32"], colls=["allreduce"]).arg(),
                      env={"NCCL_DEBUG": "INFO", "NCCL_PROTO": "LL", "NCCLLAB_LL_COMPILED": mode})
@@ -60,11 +60,15 @@ def test_what_runs_compiled():
     ll = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Ring", "LL")
     simple = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Ring", "Simple")
     f32 = np.dtype(np.float32)
-    assert ll_compiled.eligible(ll, f32, "sum", tracing=False)
-    assert not ll_compiled.eligible(ll, f32, "avg", tracing=False)          # PreMulSum: readable path
-    assert not ll_compiled.eligible(ll, np.dtype(np.float16), "sum", False)  # no native half in numba
-    assert not ll_compiled.eligible(ll, f32, "sum", tracing=True)           # the trace needs every step's events
-    assert not ll_compiled.eligible(simple, f32, "sum", tracing=False)
+    assert compiled.eligible(ll, f32, "sum", tracing=False)
+    assert not compiled.eligible(ll, f32, "avg", tracing=False)          # PreMulSum: readable path
+    assert not compiled.eligible(ll, np.dtype(np.float16), "sum", False)  # no native half in numba
+    assert not compiled.eligible(ll, f32, "sum", tracing=True)           # the trace needs every step's events
+    assert compiled.eligible(simple, f32, "sum", tracing=False)               # Ring/Simple too (its own tests)
+    ll128 = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Ring", "LL128")
+    assert not compiled.eligible(ll128, f32, "sum", tracing=False)           # LL128: readable primitives
+    tree = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Tree", "LL")
+    assert not compiled.eligible(tree, f32, "sum", tracing=False)            # the tree: readable primitives
 
 
 def test_recorded_calls_are_run_rings():
@@ -73,9 +77,9 @@ def test_recorded_calls_are_run_rings():
     from collectives.graph.rings import setup_ring
     t = enqueue.default_tuning(4, 1, {"LL": 1 << 19, "LL128": 1 << 22, "Simple": 1 << 22})
     plan = enqueue.schedule_coll(t, "AllReduce", 64, 4, "Ring", "LL")
-    rows = ll_compiled.record(launch.RING["AllReduce"][0], setup_ring([0, 1, 2, 3], 1), plan.works[0], 4, -1,
+    rows = compiled.record(launch.RING["AllReduce"][0], setup_ring([0, 1, 2, 3], 1), plan.works[0], 4, -1,
                               False, 4, 32768)
-    names = [ll_compiled.PRIMS[p] for p in rows[:, ll_compiled.PRIM]]
+    names = [compiled_common.PRIMS[p] for p in rows[:, compiled_common.PRIM]]
     assert names == ["send", "recv_reduce_send", "recv_reduce_send", "recv_reduce_copy_send", "recv_copy_send",
                      "recv_copy_send", "recv"]
-    assert rows[:, ll_compiled.NELEM].sum() == 7 * 16
+    assert rows[:, compiled_common.NELEM].sum() == 7 * 16

@@ -110,6 +110,8 @@ class Case:
     ops: list = field(default_factory=lambda: ["sum"])
     channels: int = 1
     rings: list | None = None
+    proto: str = "LL"  # compiled_paths: the protocol whose compiled kernel is checked
+    mixed: bool = False  # compiled_paths: the first pass runs compiled on even ranks only, readable on odd ones
 
     def arg(self) -> str:
         return json.dumps(asdict(self))
@@ -394,15 +396,20 @@ def edge_inputs(seed: int, n: int, count: int, dt) -> list[np.ndarray]:
     return [rng.integers(info.min, info.max, count, dtype=dt, endpoint=True) for _ in range(n)]
 
 
-def ll_paths(args: list[str]) -> None:
-    """ll_paths CASE: every collective, type, op and count of CASE over LL, once compiled (``ll_compiled``) and
-    once through the readable primitives (NCCLLAB_LL_COMPILED=0); both must give the same bits."""
+def compiled_paths(args: list[str]) -> None:
+    """compiled_paths CASE: every collective, type, op and count of CASE over CASE's protocol (LL or Simple), once
+    compiled (``device/compiled``) and once through the readable primitives (NCCLLAB_LL_COMPILED=0 or
+    NCCLLAB_SIMPLE_COMPILED=0); both must give the same bits, and the compiled run must have run compiled."""
+    from collectives.device import compiled as compiled_ring
     case = Case(**json.loads(args[0]))
     results = []
     for mode in ("1", "0"):
-        os.environ["NCCLLAB_LL_COMPILED"] = mode
+        os.environ[compiled_ring.SWITCHES[case.proto]] = mode
         got = []
-        with collectives.Communicator(search_channels=case.channels, protocols="LL") as comm:
+        with collectives.Communicator(search_channels=case.channels, protocols=case.proto) as comm:
+            if case.mixed and mode == "1":  # the two paths share FIFOs, head, tail and step counters
+                os.environ[compiled_ring.SWITCHES[case.proto]] = "1" if comm.rank % 2 == 0 else "0"
+            compiled_here = os.environ[compiled_ring.SWITCHES[case.proto]] == "1"
             seed = rank0(comm, int.from_bytes(os.urandom(4), "little") if mode == "1" else 0)
             seed = results[0][0] if results else seed
             n, r = comm.nranks, comm.rank
@@ -424,6 +431,12 @@ def ll_paths(args: list[str]) -> None:
                                 if r == 0 and count == case.counts[0]:  # the others wait long enough to sleep
                                     time.sleep(0.02)
                                 res = coll.call(comm, send, out, op, root)
+                                ran = any(c is not None for k, t in comm._tasks.items() for c in t.compiled.values()
+                                          if k[:3] == (coll.name, count, dt))
+                                expect = (compiled_here and count > 0 and dtype not in ("float16", "bfloat16")
+                                          and (op != "avg" or coll.name in ("AllGather", "Broadcast"))
+                                          and comm.plan(coll.name, count, dt).algo == "Ring")
+                                assert ran == expect, f"rank {r}: {coll.name} {dtype} {op} {count}: compiled {ran}"
                                 got.append((f"{coll.name} {dtype} {op} count={count} in_place={in_place}",
                                             bits(np.asarray(res)).copy()))
                                 stale = [(ch.id, c.peer) for ch in comm.channels for c in
@@ -435,7 +448,7 @@ def ll_paths(args: list[str]) -> None:
     for (what, a), (_, b) in zip(results[0][1], results[1][1]):
         if not np.array_equal(a, b):
             bad = np.flatnonzero(a != b)
-            raise AssertionError(f"rank {r}: {what}: compiled and readable LL differ at {len(bad)} elements, "
+            raise AssertionError(f"rank {r}: {what}: compiled and readable {case.proto} differ at {len(bad)} elements, "
                                  f"first {bad[:4]}: {a[bad[:2]]} vs {b[bad[:2]]}")
     print(f"rank {r} ok {len(results[0][1])} calls", flush=True)
 

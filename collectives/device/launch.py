@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 from collectives.misc.param import env_int
 from tracing.events import now
 
-from . import all_gather, all_reduce, broadcast, ll_compiled, reduce, reduce_scatter
+from . import all_gather, all_reduce, broadcast, compiled as compiled_ring, reduce, reduce_scatter
 from .prims_ll import PrimitivesLL
 from .prims_ll128 import PrimitivesLL128
 from .prims_simple import PrimitivesSimple
@@ -50,7 +50,7 @@ def primitives(kernel, proto: str, channel: int, recv, send, sendbuff, recvbuff,
 def run_plan(kernel, task, channels: list, nranks: int, sendbuff, recvbuff, compiled, conns, health,
              in_place: bool) -> None:
     """``ncclLaunchKernel`` for one task: hand the proxy its ops (``ncclProxySaveOp``: ``task.counts`` is
-    [(connector, steps)]), run every channel's work (``compiled``: the task's ``ll_compiled`` form instead of the
+    [(connector, steps)]), run every channel's work (``compiled``: the task's ``compiled.Compiled`` form instead of the
     primitives), then wait until the proxy has handed this collective's last sends to the network
     (``conns.wait_sent``: a Python proxy cannot send while the caller's next C call keeps the GIL)."""
     plan = task.plan
@@ -59,7 +59,7 @@ def run_plan(kernel, task, channels: list, nranks: int, sendbuff, recvbuff, comp
         proxy_ops = conns.save_ops(task.counts, plan.proto, task.slice_steps, task.chunk_steps, kernel.tracer,
                                    kernel.op_count)
     if compiled is not None:
-        ll_compiled.run(kernel, compiled, sendbuff, recvbuff, task.op, task.sig)
+        compiled_ring.run(kernel, compiled, sendbuff, recvbuff, task.op, task.sig)
     else:
         kernel.run(channel_works(kernel, plan, channels, nranks, sendbuff, recvbuff, task.redop, task.root, in_place,
                                  task.chunk_steps, task.slice_steps))

@@ -1,0 +1,260 @@
+"""Ring collectives in one compiled call: the same primitive calls as ``runRing<T, RedOp, Proto>`` (NCCL
+``src/device/all_reduce.h`` & co.), executed by one numba function per protocol: ``ll_compiled.run_ops`` (what
+``prims_ll.h`` does for each call) and ``simple_compiled.run_ops`` (``prims_simple.h``).
+
+The readable path is the generator algorithms (``all_reduce.run_ring`` ...) over the protocol's primitives.  This
+module does not restate the algorithms: ``record`` runs the very same ``run_ring`` against a recorder and keeps the
+list of primitive calls it makes (``send``, ``recv_reduce_send``, ...: offsets, element counts, recv/send), once
+per plan.  The protocol's ``run_ops`` then executes that list per channel, doing what the readable ``generic_op``
+does for each call, on the same memory, flags, head/tail and step counters and in the same summation order, so
+results are bitwise the readable path's; the tests (``tests/test_ll_compiled.py``, ``tests/test_simple_compiled.py``)
+run both on the same inputs and compare bit patterns.
+
+Everything ``run_ops`` touches is in one int64 control array (``compiled_common``: the parameters, this call's
+signature, and per channel the addresses of its FIFOs, head, tail, sleep marks and step counters plus where it
+stands), so a call costs four arguments.
+
+A call runs here when the plan is a ring (LL or Simple), nothing is traced (the trace needs the readable path's
+events), the type is one numba computes natively (not float16/bfloat16) and the op is not avg;
+``NCCLLAB_LL_COMPILED=0`` / ``NCCLLAB_SIMPLE_COMPILED=0`` turn either off, and the communicator says at INFO which
+path runs.  ``run_ops`` spins at most ``max_idle`` rounds without progress, then returns what each channel waits
+for, so that the kernel's wait policy (yield, futex sleep, health checks, deadline, hang report) stays the one in
+``common.Kernel``; with more ranks than cores it first waits itself, the way ``Kernel.run`` would
+(``compiled_common.blocked``).  User buffers that partly overlap never get here (``api.check_overlap`` refuses
+them); exact in-place calls agree.  LL128 and the tree are not compiled: they run the readable primitives.
+Deliberate difference: NCCL has only the compiled kernel; this one exists because the Python primitives cost tens
+of microseconds per call, which hides what the protocols are for.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from collectives.include.bitops import div_up
+from collectives.include.device import LL_CLEAN_MASK, LL_FLAG_MOD
+from collectives.misc import futex
+from collectives.misc.param import env_int
+from tracing import debug
+
+from . import ll_compiled, simple_compiled
+from .compiled_common import (CANON, CLEAN_MASK, COLS, DESC_COLS, DESC_ROWS, DONE, END, FIFO, FIRST,
+                              FLAG_MOD, HEADER, IS_FLOAT, MAX_IDLE, MISMATCH, MY_DESC, NCH, OPCODE, PC, PDESC, PROG,
+                              PRIM, PRIMS, R_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, RHEAD, RSTAGE, RSTEP_W, RTAIL,
+                              RWORDS, S_DOORBELL, S_HEADSLEEP, S_TAILSLEEP, SHEAD, SLEEPS, SPC, SPS, SSTAGE,
+                              SSTEP_W, STAIL, STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, WSTEP,
+                              YIELDS)
+from .reduce_copy import CANONICAL_NAN, OPS
+
+SUPPORTED = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float32,
+                                   np.float64)}
+SWITCHES = {"LL": "NCCLLAB_LL_COMPILED", "Simple": "NCCLLAB_SIMPLE_COMPILED"}
+KERNELS = {"LL": ll_compiled.run_ops, "Simple": simple_compiled.run_ops}
+
+
+def enabled(proto: str = "LL") -> bool:
+    return proto in SWITCHES and env_int(SWITCHES[proto], 1) != 0
+
+
+def eligible(plan, dtype: np.dtype, redop_name: str, tracing: bool) -> bool:
+    """Whether a call runs here rather than through the readable primitives."""
+    return (plan.algo == "Ring" and plan.proto in SWITCHES and not tracing and np.dtype(dtype) in SUPPORTED
+            and (redop_name != "avg" or plan.func in ("AllGather", "Broadcast")) and enabled(plan.proto))
+
+
+class _Recorder:
+    """Stands in for a primitives object: each named primitive appends one row and moves nothing.  ``max_bytes``:
+    the most one call may carry (LL: one step; Simple: one slice of StepPerSlice steps), which the readable
+    primitives refuse or cannot slice and numba would not check."""
+
+    def __init__(self, esize: int, max_bytes: int, slices: int = 1):
+        self.esize, self.max_bytes, self.slices, self.rows = esize, max_bytes, slices, []
+
+    def _add(self, prim: str, recv: int, send: int, src, dst, nelem: int, from_output: int = 0):
+        nelem = max(nelem, 0)
+        per_call = div_up(nelem, 16 * self.slices) * 16 if self.slices > 1 else nelem  # Simple's sliceSize
+        if per_call * self.esize > self.max_bytes:
+            raise ValueError(f"compiled call of {nelem * self.esize} B exceeds what it may carry "
+                             f"({self.max_bytes} B a {'slice' if self.slices > 1 else 'step'})")
+        self.rows.append((recv, send, -1 if src is None else src, -1 if dst is None else dst, nelem,
+                          from_output, PRIMS.index(prim)))
+        return iter(())
+
+    def send(self, inp, n):
+        return self._add("send", 0, 1, inp, None, n)
+
+    def send_from_output(self, out, n):
+        return self._add("send_from_output", 0, 1, out, None, n, 1)
+
+    def copy_send(self, inp, out, n):
+        return self._add("copy_send", 0, 1, inp, out, n)
+
+    def recv(self, out, n):
+        return self._add("recv", 1, 0, None, out, n)
+
+    def recv_reduce_send(self, inp, n):
+        return self._add("recv_reduce_send", 1, 1, inp, None, n)
+
+    def recv_reduce_copy(self, inp, out, n, post_op=False):
+        return self._add("recv_reduce_copy", 1, 0, inp, out, n)
+
+    def recv_reduce_copy_send(self, inp, out, n, post_op=False):
+        return self._add("recv_reduce_copy_send", 1, 1, inp, out, n)
+
+    def recv_copy_send(self, out, n):
+        return self._add("recv_copy_send", 1, 1, None, out, n)
+
+
+def record(run, ring, work, nranks: int, root: int, in_place: bool, esize: int, max_bytes: int,
+           slices: int = 1) -> np.ndarray:
+    """The primitive calls that ``run`` (a function's ``runRing``, ``launch.RING``) makes for one channel's work,
+    as rows of ``REC..PRIM``."""
+    rec = _Recorder(esize, max_bytes, slices)
+    for _ in run(rec, ring, work, nranks, root, in_place):
+        pass
+    return np.array(rec.rows, np.int64).reshape(-1, 7)
+
+
+class Compiled:
+    """One plan of one communicator, ready to run: the recorded calls of every channel and the memory they use."""
+
+    def __init__(self, plan, run, channels: list, nranks: int, root: int, in_place: bool, dtype: np.dtype,
+                 pages: dict, my_page):
+        proto = self.proto = plan.proto
+        self.kernel = KERNELS[proto]
+        step_bytes = channels[plan.works[0].channel].recv.step_size(proto)
+        spc, sps = (plan.chunk_steps // plan.slice_steps, plan.slice_steps) if proto == "Simple" else (1, 1)
+        max_bytes = step_bytes * sps if proto == "Simple" else step_bytes // 2
+        progs = [record(run, channels[w.channel].ring, w, nranks, root, in_place, dtype.itemsize, max_bytes, spc)
+                 for w in plan.works]
+        self.prog = np.ascontiguousarray(np.concatenate(progs), np.int64)
+        self.channels = [channels[w.channel] for w in plan.works]
+        self.keep = [self.prog]  # everything whose address is in ctl stays alive as long as this object
+        ctl = self.ctl = np.zeros(HEADER + COLS * len(self.channels), np.int64)
+        addr = lambda a: self.keep.append(a) or futex.address(a)  # noqa: E731
+        first = 0
+        for c, (ch, prog) in enumerate(zip(self.channels, progs)):
+            rc, sc = ch.recv, ch.send
+            page = pages.get(rc.peer)
+            row = self.row(c)
+            if proto == "LL":  # LL reads and writes 64-bit words, through a staging buffer each way
+                nwords = rc.step_size("LL") // 2 // 8
+                row[[RWORDS, SWORDS, RSTAGE, SSTAGE]] = [addr(rc.words["LL"]), addr(sc.words["LL"]),
+                                                         addr(rc.staging("LL", nwords)), addr(sc.staging("LL", nwords))]
+            else:  # Simple reduces straight between the user buffers and the FIFO slots
+                row[[RWORDS, SWORDS]] = [addr(rc.buffs[proto]), addr(sc.buffs[proto])]
+            row[[SHEAD, RHEAD, RTAIL, STAIL, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, R_DOORBELL,
+                 S_HEADSLEEP, RSTEP_W, SSTEP_W]] = [
+                addr(sc.head), addr(rc.head), addr(rc.tail), addr(sc.tail), addr(sc.tail_sleep), addr(sc.doorbell),
+                addr(rc.head_sleep), addr(rc.tail_sleep), addr(rc.doorbell), addr(sc.head_sleep), addr(rc.step_word),
+                addr(sc.step_word)]
+            row[FIFO] = addr(sc.conn_fifo) if sc.conn_fifo is not None else 0  # proxied (NET): tell the proxy
+            row[PDESC] = addr(page.desc) if page is not None else 0  # a remote peer has no page to compare
+            row[FIRST], row[END] = first, first + len(prog)
+            first += len(prog)
+        ctl[[STEP_BYTES, FLAG_MOD, CLEAN_MASK, IS_FLOAT, NCH, MY_DESC, PROG, DESC_ROWS, DESC_COLS, SPC, SPS]] = [
+            step_bytes, LL_FLAG_MOD, LL_CLEAN_MASK, dtype.kind == "f", len(self.channels), addr(my_page.desc),
+            addr(self.prog), *my_page.desc.shape, spc, sps]
+        ctl[CANON] = np.array(CANONICAL_NAN.get(dtype.itemsize, 0), np.uint64).view(np.int64)
+
+    def run(self, inp: np.ndarray, out: np.ndarray, sig: np.ndarray, opcode: int, max_idle: int,
+            sleeps: int = 0, yields: int = 0) -> int:
+        """Start the call (publish ``sig``, load the step counters) and run it until done or blocked; ``sleeps``
+        > 0 (more ranks than cores): a blocked call yields ``yields`` times, then sleeps on what it waits for, up
+        to ``sleeps`` times before it returns."""
+        ctl = self.ctl
+        ctl[OPCODE], ctl[MAX_IDLE], ctl[SLEEPS], ctl[YIELDS] = opcode, max_idle, sleeps, yields
+        return self.kernel(ctl, inp, out, sig)  # the kernel copies sig into ctl: a numpy slice copy costs more here
+
+    def resume(self, inp: np.ndarray, out: np.ndarray) -> int:
+        return self.kernel(self.ctl, inp, out, self.ctl[:0])
+
+    def row(self, c: int) -> np.ndarray:
+        return self.ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
+
+    def progress(self) -> int:
+        """Primitive calls done so far, over every channel (``Kernel.progress`` counts them)."""
+        return sum(int(self.row(c)[PC] - self.row(c)[FIRST]) for c in range(len(self.channels)))
+
+    def describe(self, c: int) -> tuple | None:
+        """What channel ``c`` waits for, as ``Kernel.waiting`` records it (None once it is done)."""
+        row, ch = self.row(c), self.channels[c]
+        if row[PC] >= row[END]:
+            return None
+        prim = PRIMS[self.prog[row[PC], PRIM]]
+        if row[WAIT] == WAIT_HEAD:
+            return ("head", ch.send.peer, int(row[WSTEP]), ch.send.head, ch.send.head_sleep, prim)
+        if row[WAIT] == WAIT_TAIL:
+            return ("tail", ch.recv.peer, int(row[WSTEP]), ch.recv.tail, ch.recv.tail_sleep, prim)
+        return ("LL flag", ch.recv.peer, int(row[WSTEP]), ch.recv.doorbell, ch.recv.tail_sleep, prim)
+
+
+class Cache:
+    """A communicator's ``Compiled`` plans, by (plan, root, in-place, datatype)."""
+
+    def __init__(self, channels: list, nranks: int, pages: dict, my_page, rank: int = 0):
+        self.channels, self.nranks, self.pages, self.my_page = channels, nranks, pages, my_page
+        self.plans: dict = {}
+        if rank == 0:
+            on = [f"Ring/{p}" for p in SWITCHES if enabled(p)]
+            off = [f"Ring/{p} ({SWITCHES[p]}=0)" for p in SWITCHES if not enabled(p)]
+            debug.info("INIT", (f"{' and '.join(on)} collectives run compiled (collectives/device/compiled.py)"
+                                if on else "") + ("; " if on and off else "")
+                       + (f"{', '.join(off)} run the readable primitives" if off else ""))
+
+    def get(self, plan, run, root: int, in_place: bool, dtype: np.dtype, op: str, tracing: bool):
+        """The compiled form of this call, or None when the readable path runs it (see ``eligible``)."""
+        if not eligible(plan, dtype, op, tracing):
+            return None
+        key = (plan, root, in_place, dtype)
+        got = self.plans.get(key)
+        if got is None:
+            if len(self.plans) > 1024:
+                self.plans.clear()
+            got = self.plans[key] = Compiled(plan, run, self.channels, self.nranks, root, in_place, np.dtype(dtype),
+                                             self.pages, self.my_page)
+        return got
+
+    def free(self) -> None:
+        """The communicator is destroyed: forget every compiled plan and the views of FIFOs, counters and status
+        pages they keep (``keep``), so that their shared memory can be unmapped at once."""
+        for compiled in self.plans.values():
+            if compiled is not None:
+                compiled.keep, compiled.channels = [], []
+        self.plans, self.channels, self.pages, self.my_page = {}, [], {}, None
+
+
+# More ranks than cores: a blocked call yields this many times, then sleeps on what it waits for (each sleep at
+# most futex.SLEEP_NS), returning to Kernel.run (health checks, deadline) after this many sleeps.  Measured at n=8
+# on 2 cores, 8 B AllReduce over LL (benchmarks/allreduce_vs_mpi.py): yields 0: 346-395 us, 30: 318-379, 300:
+# 225-284, 1000: 103-286, 3000: 191-218; returning to Python after 2 idle rounds as before: 395-484.
+YIELDS_BEFORE_SLEEP, SLEEPS_EACH = 1000, 50
+
+
+def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, op: str, sig: np.ndarray) -> None:
+    """The kernel for one compiled call.  Most calls end in the first try; a blocked one lets ``Kernel.run`` wait
+    between tries (yield or sleep, check the peers and the deadline, write the hang report)."""
+    # A rank with proxied (NET) connections comes back to Kernel.run after 2 idle rounds, whose poll moves the
+    # proxy's bytes (after 4096, each NET hop of LL waited out the spin: docs/measured.md);
+    # it never waits inside either.  Otherwise, with more ranks than cores, it waits inside (see above).
+    proxied = kernel.poll is not None
+    waits = (SLEEPS_EACH, YIELDS_BEFORE_SLEEP) if kernel.sleep and not proxied else ()
+    status = compiled.run(inp, out, sig, OPS[op], 2 if kernel.sleep or proxied else 4096, *waits)
+    if status != DONE:  # (after SLEEPS_EACH sleeps) yield at once, sleep after 30 rounds
+        kernel.run([_resume(kernel, compiled, inp, out, status)], *((0, 30) if kernel.sleep else ()))
+
+
+def _resume(kernel, compiled: Compiled, inp, out, status: int):
+    """A kernel work item: record what each channel waits for, yield, try again."""
+    while True:
+        if status == MISMATCH:  # the readable check raises, naming both calls
+            c = next(c for c in range(len(compiled.channels)) if compiled.row(c)[WAIT] == WAIT_MISMATCH)
+            kernel.check_peer_op(compiled.channels[c].recv.peer)
+        kernel.progress = compiled.progress()
+        for c, ch in enumerate(compiled.channels):
+            what = compiled.describe(c)
+            if what is not None:
+                kernel.wait_state[(ch.id, 0)] = what
+        yield
+        status = compiled.resume(inp, out)
+        if status == DONE:
+            kernel.progress += 1
+            return

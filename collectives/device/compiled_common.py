@@ -1,0 +1,233 @@
+"""What the compiled ring kernels share (``ll_compiled.run_ops`` for LL, ``simple_compiled.run_ops`` for Simple):
+the control array's layout, raw memory access, the reduction ``fn``, and the waits of a blocked call.
+
+A compiled call reads everything from one int64 control array (``ctl``): a header of parameters, then one row per
+channel with the addresses of its FIFOs, head, tail, sleep marks, doorbells and step counters, and where the
+channel stands (which recorded call, which slice or line, what it waits for).  The kernels map addresses with
+``numba.carray(_ptr(addr), ...)``.  The waits mirror ``common.Kernel.run``'s policy for oversubscribed ranks
+(yield, then mark the line and sleep on the futex word, bounded), so that a compiled call waits as the readable
+path does.  NCCL has no counterpart: its kernels are compiled to begin with (see ``ll_compiled``'s docstring).
+"""
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba.extending import intrinsic
+
+from collectives.misc import futex
+
+# Columns of one recorded call.
+REC, SND, SRC, DST, NELEM, FROM_OUT, PRIM = range(7)
+# The header.  SIG takes 6 words: [opCount + 1, function, count, datatype, op, root]; SLEEPS and YIELDS: with more
+# ranks than cores, the futex sleeps before returning and the yields before one; SPC/SPS: Simple's slices per
+# chunk and steps per slice.
+(STEP_BYTES, FLAG_MOD, CLEAN_MASK, OPCODE, MAX_IDLE, IS_FLOAT, NCH, MY_DESC, PROG, CANON, SIG) = range(11)
+DESC_ROWS, DESC_COLS = SIG + 6, SIG + 7
+SLEEPS, YIELDS, SPC, SPS = DESC_COLS + 1, DESC_COLS + 2, DESC_COLS + 3, DESC_COLS + 4
+HEADER = 24
+# One row per channel: addresses first (RWORDS/SWORDS: the protocol's FIFOs), then where the channel stands.
+(RWORDS, SWORDS, SHEAD, RHEAD, RSTAGE, SSTAGE, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, FIFO, PDESC, RSTEP_W,
+ SSTEP_W, FIRST, END, PC, LINES, RSTEP, SSTEP, CHECKED, WAIT, WSTEP, CREDIT, R_TAILSLEEP, R_DOORBELL,
+ S_HEADSLEEP, RTAIL, STAIL, SLICE) = range(29)
+COLS = 29
+WAIT_HEAD, WAIT_FLAG, WAIT_MISMATCH, WAIT_TAIL = 1, 2, 3, 4
+DONE, BLOCKED, MISMATCH = 0, 1, 2
+PRIMS = ["send", "send_from_output", "copy_send", "recv", "recv_reduce_send", "recv_reduce_copy",
+         "recv_reduce_copy_send", "recv_copy_send"]
+# libc's syscall(2), resolved by name when numba links (a ctypes pointer would stop numba caching the kernel).
+_syscall = numba.types.ExternalFunction("syscall", numba.int64(*[numba.int64] * 7))
+_sched_yield = numba.types.ExternalFunction("sched_yield", numba.int32())
+_SYS_FUTEX = futex.SYS_FUTEX if futex.SYS_FUTEX is not None else -1  # numba wants an int constant
+
+
+@intrinsic
+def ptr(typingctx, addr):
+    """An int64 address as a pointer, for ``numba.carray``."""
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(numba.types.voidptr))
+    return numba.types.voidptr(numba.types.int64), codegen
+
+
+@intrinsic
+def fence(typingctx):
+    """A full memory fence (x86 ``mfence``), which the compiler does not move stores or loads across either.
+    Sleeping needs it on both sides (Dekker): the poster stores its flag, tail or head then loads the sleep mark;
+    the sleeper stores the mark (``Kernel._arm``) then loads the flags again.  Without it x86 may let each load
+    pass its own store, both miss, and the sleeper waits out its timeout.  Simple also needs it between a slice's
+    data and its tail (and between seeing a tail and reading the data): x86 keeps those in order, the compiler
+    need not."""
+    def codegen(context, builder, signature, args):
+        builder.fence("seq_cst")
+        return context.get_dummy_value()
+    return numba.types.none(), codegen
+
+
+@numba.njit(nogil=True, cache=True)
+def wake(addr):
+    _syscall(_SYS_FUTEX, addr, futex.FUTEX_WAKE, futex.WAKE_ALL, 0, 0, 0)
+
+
+@numba.njit(nogil=True, cache=True)
+def u32(addr):
+    """The 32-bit word at ``addr`` (sleep marks, doorbells), as a one-element array."""
+    return numba.carray(ptr(addr), 1, np.uint32)
+
+
+@numba.njit(nogil=True, cache=True)
+def i64(addr):
+    return numba.carray(ptr(addr), 1, np.int64)
+
+
+@numba.njit(nogil=True, cache=True)
+def u64(addr):
+    return numba.carray(ptr(addr), 1, np.uint64)
+
+
+@numba.njit(nogil=True, cache=True)
+def row(ctl, c):
+    return ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
+
+
+@numba.njit(nogil=True, cache=True)
+def publish(ctl, start_sig):
+    """Publish this rank's call on its status page before any data moves (``health``'s signature table)."""
+    ctl[SIG:SIG + 6] = start_sig
+    rows, cols = ctl[DESC_ROWS], ctl[DESC_COLS]
+    desc = numba.carray(ptr(ctl[MY_DESC]), rows * cols, np.int64)
+    at = (start_sig[0] - 1) % rows * cols
+    for k in range(1, 6):
+        desc[at + k] = start_sig[k]
+    desc[at] = start_sig[0]
+
+
+@numba.njit(nogil=True, cache=True)
+def peer_runs_same_call(ctl, st):
+    """Before using a local peer's first data of this call: does its status page show the same call?"""
+    rows, cols = ctl[DESC_ROWS], ctl[DESC_COLS]
+    pdesc = numba.carray(ptr(st[PDESC]), rows * cols, np.int64)
+    at = (ctl[SIG] - 1) % rows * cols
+    for k in range(6):
+        if pdesc[at + k] != ctl[SIG + k]:
+            return False
+    return True
+
+
+@numba.njit(nogil=True, cache=True)
+def next_blocked(ctl, nch):
+    """The first channel not done (what a blocked call sleeps on)."""
+    for c in range(nch):
+        st = row(ctl, c)
+        if st[PC] < st[END]:
+            return c
+    return 0
+
+
+@numba.njit(nogil=True, cache=True)
+def _wait_words(ctl, c):
+    """(the word channel ``c`` sleeps on, its sleep mark): head for credit, tail for Simple data, the reader's
+    doorbell for LL flags."""
+    st = row(ctl, c)
+    if st[WAIT] == WAIT_HEAD:
+        return st[SHEAD], st[S_HEADSLEEP]
+    if st[WAIT] == WAIT_TAIL:
+        return st[RTAIL], st[R_TAILSLEEP]
+    return st[R_DOORBELL], st[R_TAILSLEEP]
+
+
+@numba.njit(nogil=True, cache=True)
+def _arm(ctl, c):
+    """``Kernel._arm``: remember the word's value, then mark its line sleeping; the caller looks once more."""
+    word, mark = _wait_words(ctl, c)
+    value = u32(word)[0]
+    u32(mark)[0] = np.uint32(1)
+    fence()
+    return np.int64(value)
+
+
+@numba.njit(nogil=True, cache=True)
+def unarm(ctl, c):
+    word, mark = _wait_words(ctl, c)
+    u32(mark)[0] = np.uint32(0)
+    return -1
+
+
+@numba.njit(nogil=True, cache=True)
+def _sleep(ctl, c, value):
+    """``futex.wait``: block while the word still holds ``value``, for at most ``futex.SLEEP_NS``."""
+    word, _ = _wait_words(ctl, c)
+    ts = np.empty(2, np.int64)
+    ts[0], ts[1] = 0, futex.SLEEP_NS
+    _syscall(_SYS_FUTEX, word, futex.FUTEX_WAIT, value, ts.ctypes.data, 0, 0)
+
+
+# The state of a blocked call's waiting, in a small int64 array: idle rounds, yields, sleeps, the armed channel
+# (-1: none) and the value it sleeps on.
+IDLE, YIELDED, SLEPT, ARMED, ARMED_VALUE = range(5)
+
+
+@numba.njit(nogil=True, cache=True)
+def new_wait():
+    w = np.zeros(5, np.int64)
+    w[ARMED] = -1
+    return w
+
+
+@numba.njit(nogil=True, cache=True)
+def moved(ctl, w):
+    """A channel moved: start counting again, and take back a sleep mark (a stale one costs the poster a futex
+    wake on every post)."""
+    w[IDLE], w[YIELDED], w[SLEPT] = 0, 0, 0
+    if w[ARMED] >= 0:
+        w[ARMED] = unarm(ctl, w[ARMED])
+
+
+@numba.njit(nogil=True, cache=True)
+def done(ctl, w):
+    if w[ARMED] >= 0:
+        w[ARMED] = unarm(ctl, w[ARMED])
+
+
+@numba.njit(nogil=True, cache=True)
+def blocked(ctl, nch, w):
+    """A round in which nothing moved: True when the call should return BLOCKED to ``Kernel.run``.  After
+    ``MAX_IDLE`` idle rounds, with more ranks than cores (``SLEEPS`` > 0), it waits here rather than in Python (a
+    round trip through ``Kernel.run`` per try costs more than a hop): yield the core ``YIELDS`` times, then sleep
+    on what the first blocked channel waits for, as ``Kernel.run`` would (mark, look once more, futex wait,
+    bounded), ``SLEEPS`` times before returning."""
+    w[IDLE] += 1
+    if w[IDLE] < ctl[MAX_IDLE]:
+        return False
+    if ctl[SLEEPS] == 0 or (w[ARMED] < 0 and w[SLEPT] >= ctl[SLEEPS]):
+        return True
+    if w[ARMED] >= 0:
+        _sleep(ctl, w[ARMED], w[ARMED_VALUE])
+        w[ARMED] = unarm(ctl, w[ARMED])
+        w[SLEPT] += 1
+    elif w[YIELDED] < ctl[YIELDS]:
+        w[YIELDED] += 1
+        _sched_yield()
+    else:
+        w[ARMED] = next_blocked(ctl, nch)
+        w[ARMED_VALUE] = _arm(ctl, w[ARMED])
+    return False
+
+
+@numba.njit(nogil=True, cache=True)
+def fn(a, b, opcode, is_float, canon):
+    """``fn(local, peer)`` exactly as ``reduce_copy`` computes it (fmin/fmax for floats, canonical NaN)."""
+    if opcode == 0:
+        return a + b
+    if opcode == 1:
+        return a * b
+    if is_float:
+        if a != a and b != b:
+            return canon
+        if a != a:
+            return b
+        if b != b:
+            return a
+        if a == 0 and b == 0:  # +0 against -0: by sign in either order (reduce_copy.signed_zero)
+            return a + b if opcode == 2 else -(-a - b)
+    if opcode == 2:
+        return a if a > b else b
+    return a if a < b else b
