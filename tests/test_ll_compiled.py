@@ -47,7 +47,7 @@ def test_mismatch_is_still_named_on_the_compiled_path():
     assert time.monotonic() - t0 < 20
 
 
-@pytest.mark.parametrize("mode,line", [("1", "Ring/LL and Ring/Simple collectives run compiled"),
+@pytest.mark.parametrize("mode,line", [("1", "Ring/LL, Ring/LL128 and Ring/Simple collectives run compiled"),
                                        ("0", "Ring/LL (NCCLLAB_LL_COMPILED=0) run the readable primitives")])
 def test_info_line_says_which_path_runs(mode, line):
     proc = run_ranks(2, "bitwise", Case(counts=[5], dtypes=["float32"], colls=["allreduce"]).arg(),
@@ -66,7 +66,7 @@ def test_what_runs_compiled():
     assert not compiled.eligible(ll, f32, "sum", tracing=True)           # the trace needs every step's events
     assert compiled.eligible(simple, f32, "sum", tracing=False)               # Ring/Simple too (its own tests)
     ll128 = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Ring", "LL128")
-    assert not compiled.eligible(ll128, f32, "sum", tracing=False)           # LL128: readable primitives
+    assert compiled.eligible(ll128, f32, "sum", tracing=False)               # LL128: the LL kernel, its lines
     tree = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Tree", "LL")
     assert not compiled.eligible(tree, f32, "sum", tracing=False)            # the tree: readable primitives
 
@@ -83,3 +83,20 @@ def test_recorded_calls_are_run_rings():
     assert names == ["send", "recv_reduce_send", "recv_reduce_send", "recv_reduce_copy_send", "recv_copy_send",
                      "recv_copy_send", "recv"]
     assert rows[:, compiled_common.NELEM].sum() == 7 * 16
+
+
+def test_compiled_ll128_matches_readable_every_op():
+    """LL128's lines through the same kernel (``ctl[LL128]``): the warp layout of each 2048-byte wire slice, whole
+    zero-padded slices, 64-bit flags; 16 KiB buffers make every call many steps and the FIFO wrap."""
+    case = Case(counts=[1, 7, 481, 4099, 40_009], dtypes=["float32", "float64", "int8", "uint64"],
+                ops=["sum", "prod", "min", "max"], channels=2, proto="LL128")
+    proc = run_ranks(2, "compiled_paths", case.arg(), env={"NCCL_LL128_BUFFSIZE": str(16 << 10)})
+    assert proc.stdout.count(" ok ") == 2, proc.stdout
+
+
+def test_compiled_ll128_over_net_with_sleeping_ranks():
+    # over NET the proxy waits for LL128's tail as well as its flags; 4 ranks on 2 cores sleep on doorbell and head
+    case = Case(counts=[3, 5000, 65_537], dtypes=["float32", "int32"], ops=["sum", "max"], channels=1, colls=ALL,
+                proto="LL128")
+    proc = run_ranks(4, "compiled_paths", case.arg(), nodes=2)
+    assert proc.stdout.count(" ok ") == 4, proc.stdout

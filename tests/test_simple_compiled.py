@@ -74,7 +74,7 @@ def test_compiled_reduce_loops_match_numpy_bitwise(op):
     """The vectorised sum loop and the scalar min/max loop give numpy's (``reduce_copy``'s) bits, NaNs, signed
     zeros and integer wraparound included."""
     from collectives.device.reduce_copy import CANONICAL_NAN, OPS, RedOp, reduce_copy
-    from collectives.device.simple_compiled import _reduce
+    from collectives.device.compiled_common import reduce as _reduce
     rng = np.random.default_rng()
     for dt in (np.float32, np.float64, np.int8, np.uint64):
         if np.dtype(dt).kind == "f":
@@ -92,7 +92,7 @@ def test_compiled_reduce_loops_match_numpy_bitwise(op):
         assert (got[:3] == 7).all() and (got[1004:] == 7).all(), dt
 
 
-@pytest.mark.parametrize("proto", ["Simple", "LL"])
+@pytest.mark.parametrize("proto", ["Simple", "LL", "LL128"])
 def test_compiled_and_readable_ranks_run_one_collective_together(proto):
     """Even ranks compiled, odd ranks readable, on the same FIFOs: each side must move slices, steps, head, tail
     and flags exactly as the other expects (a slice size or step rounding of its own would hang or corrupt here,
@@ -101,5 +101,6 @@ def test_compiled_and_readable_ranks_run_one_collective_together(proto):
     # connection's step off the chunk boundary, which both sides must round up alike.
     case = Case(counts=[3, 4099, 65_537], dtypes=["float32"], ops=["sum", "min"], channels=2,
                 colls=["broadcast", "allreduce", "reduce", "allgather", "reducescatter"], proto=proto, mixed=True)
-    proc = run_ranks(3, "compiled_paths", case.arg(), env={"NCCL_BUFFSIZE": "8192", "NCCLLAB_TIMEOUT": "60"})
+    proc = run_ranks(3, "compiled_paths", case.arg(), env={"NCCL_BUFFSIZE": "8192", "NCCL_LL128_BUFFSIZE": "32768",
+                                                           "NCCLLAB_TIMEOUT": "60"})
     assert proc.stdout.count(" ok ") == 3, proc.stdout

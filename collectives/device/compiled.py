@@ -1,29 +1,30 @@
 """Ring collectives in one compiled call: the same primitive calls as ``runRing<T, RedOp, Proto>`` (NCCL
 ``src/device/all_reduce.h`` & co.), executed by one numba function per protocol: ``ll_compiled.run_ops`` (what
-``prims_ll.h`` does for each call) and ``simple_compiled.run_ops`` (``prims_simple.h``).
+``prims_ll.h`` does for each call, or ``prims_ll128.h`` with LL128's lines) and ``simple_compiled.run_ops``
+(``prims_simple.h``).
 
 The readable path is the generator algorithms (``all_reduce.run_ring`` ...) over the protocol's primitives.  This
 module does not restate the algorithms: ``record`` runs the very same ``run_ring`` against a recorder and keeps the
-list of primitive calls it makes (``send``, ``recv_reduce_send``, ...: offsets, element counts, recv/send), once
-per plan.  The protocol's ``run_ops`` then executes that list per channel, doing what the readable ``generic_op``
-does for each call, on the same memory, flags, head/tail and step counters and in the same summation order, so
-results are bitwise the readable path's; the tests (``tests/test_ll_compiled.py``, ``tests/test_simple_compiled.py``)
-run both on the same inputs and compare bit patterns.
+list of primitive calls it makes (``send``, ``recv_reduce_send``, ...: offsets, element counts, recv/send), once per
+plan.  The protocol's ``run_ops`` then executes that list per channel, doing what the readable ``generic_op`` does
+for each call, on the same memory, flags, head/tail and step counters and in the same summation order, so results
+are bitwise the readable path's; the tests (``tests/test_ll_compiled.py``, ``tests/test_simple_compiled.py``) run
+both on the same inputs and compare bit patterns.
 
 Everything ``run_ops`` touches is in one int64 control array (``compiled_common``: the parameters, this call's
 signature, and per channel the addresses of its FIFOs, head, tail, sleep marks and step counters plus where it
 stands), so a call costs four arguments.
 
-A call runs here when the plan is a ring (LL or Simple), nothing is traced (the trace needs the readable path's
-events), the type is one numba computes natively (not float16/bfloat16) and the op is not avg;
-``NCCLLAB_LL_COMPILED=0`` / ``NCCLLAB_SIMPLE_COMPILED=0`` turn either off, and the communicator says at INFO which
-path runs.  ``run_ops`` spins at most ``max_idle`` rounds without progress, then returns what each channel waits
-for, so that the kernel's wait policy (yield, futex sleep, health checks, deadline, hang report) stays the one in
-``common.Kernel``; with more ranks than cores it first waits itself, the way ``Kernel.run`` would
-(``compiled_common.blocked``).  User buffers that partly overlap never get here (``api.check_overlap`` refuses
-them); exact in-place calls agree.  LL128 and the tree are not compiled: they run the readable primitives.
-Deliberate difference: NCCL has only the compiled kernel; this one exists because the Python primitives cost tens
-of microseconds per call, which hides what the protocols are for.
+A call runs here when the plan is a ring (LL, LL128 or Simple), nothing is traced (the trace needs the readable
+path's events), the type is one numba computes natively (not float16/bfloat16) and the op is not avg;
+``NCCLLAB_LL_COMPILED=0``, ``NCCLLAB_LL128_COMPILED=0`` and ``NCCLLAB_SIMPLE_COMPILED=0`` turn each off, and the
+communicator says at INFO which path runs.  ``run_ops`` spins at most ``max_idle`` rounds without progress, then
+returns what each channel waits for, so that the kernel's wait policy (yield, futex sleep, health checks, deadline,
+hang report) stays the one in ``common.Kernel``; with more ranks than cores it first waits itself, the way
+``Kernel.run`` would (``compiled_common.blocked``).  User buffers that partly overlap never get here
+(``api.check_overlap`` refuses them); exact in-place calls agree.  The tree is not compiled: it runs the readable
+primitives. Deliberate difference: NCCL has only the compiled kernel; this one exists because the Python primitives
+cost tens of microseconds per call, which hides what the protocols are for.
 """
 from __future__ import annotations
 
@@ -36,18 +37,17 @@ from collectives.misc.param import env_int
 from tracing import debug
 
 from . import ll_compiled, simple_compiled
-from .compiled_common import (CANON, CLEAN_MASK, COLS, DESC_COLS, DESC_ROWS, DONE, END, FIFO, FIRST,
-                              FLAG_MOD, HEADER, IS_FLOAT, MAX_IDLE, MISMATCH, MY_DESC, NCH, OPCODE, PC, PDESC, PROG,
-                              PRIM, PRIMS, R_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, RHEAD, RSTAGE, RSTEP_W, RTAIL,
-                              RWORDS, S_DOORBELL, S_HEADSLEEP, S_TAILSLEEP, SHEAD, SLEEPS, SPC, SPS, SSTAGE,
-                              SSTEP_W, STAIL, STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, WSTEP,
-                              YIELDS)
+from .compiled_common import (CANON, CLEAN_MASK, COLS, DESC_COLS, DESC_ROWS, DONE, END, FIFO, FIRST, FLAG_MOD,
+                              HEADER, IS_FLOAT, LL128, MAX_IDLE, MISMATCH, MY_DESC, NCH, OPCODE, PC, PDESC, PROG,
+                              PRIM, PRIMS, R_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, RHEAD, RSTAGE, RSTEP_W, RTAIL, RWORDS,
+                              S_DOORBELL, S_HEADSLEEP, S_TAILSLEEP, SHEAD, SLEEPS, SPC, SPS, SSTAGE, SSTEP_W, STAIL,
+                              STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, WSTEP, YIELDS)
 from .reduce_copy import CANONICAL_NAN, OPS
 
 SUPPORTED = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float32,
                                    np.float64)}
-SWITCHES = {"LL": "NCCLLAB_LL_COMPILED", "Simple": "NCCLLAB_SIMPLE_COMPILED"}
-KERNELS = {"LL": ll_compiled.run_ops, "Simple": simple_compiled.run_ops}
+SWITCHES = {"LL": "NCCLLAB_LL_COMPILED", "LL128": "NCCLLAB_LL128_COMPILED", "Simple": "NCCLLAB_SIMPLE_COMPILED"}
+KERNELS = {"LL": ll_compiled.run_ops, "LL128": ll_compiled.run_ops, "Simple": simple_compiled.run_ops}
 
 
 def enabled(proto: str = "LL") -> bool:
@@ -122,7 +122,8 @@ class Compiled:
         self.kernel = KERNELS[proto]
         step_bytes = channels[plan.works[0].channel].recv.step_size(proto)
         spc, sps = (plan.chunk_steps // plan.slice_steps, plan.slice_steps) if proto == "Simple" else (1, 1)
-        max_bytes = step_bytes * sps if proto == "Simple" else step_bytes // 2
+        max_bytes = {"Simple": step_bytes * sps, "LL": step_bytes // 2,  # LL128: whole wire slices of 1920 B
+                     "LL128": step_bytes // 2048 * ll_compiled.LL128_SLICE_DATA}[proto]
         progs = [record(run, channels[w.channel].ring, w, nranks, root, in_place, dtype.itemsize, max_bytes, spc)
                  for w in plan.works]
         self.prog = np.ascontiguousarray(np.concatenate(progs), np.int64)
@@ -135,10 +136,11 @@ class Compiled:
             rc, sc = ch.recv, ch.send
             page = pages.get(rc.peer)
             row = self.row(c)
-            if proto == "LL":  # LL reads and writes 64-bit words, through a staging buffer each way
-                nwords = rc.step_size("LL") // 2 // 8
-                row[[RWORDS, SWORDS, RSTAGE, SSTAGE]] = [addr(rc.words["LL"]), addr(sc.words["LL"]),
-                                                         addr(rc.staging("LL", nwords)), addr(sc.staging("LL", nwords))]
+            if proto != "Simple":  # LL and LL128 read and write 64-bit words, through a staging buffer each way
+                nwords = max_bytes // 8
+                row[[RWORDS, SWORDS, RSTAGE, SSTAGE]] = [addr(rc.words[proto]), addr(sc.words[proto]),
+                                                         addr(rc.staging(proto, nwords)),
+                                                         addr(sc.staging(proto, nwords))]
             else:  # Simple reduces straight between the user buffers and the FIFO slots
                 row[[RWORDS, SWORDS]] = [addr(rc.buffs[proto]), addr(sc.buffs[proto])]
             row[[SHEAD, RHEAD, RTAIL, STAIL, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, R_DOORBELL,
@@ -153,6 +155,7 @@ class Compiled:
         ctl[[STEP_BYTES, FLAG_MOD, CLEAN_MASK, IS_FLOAT, NCH, MY_DESC, PROG, DESC_ROWS, DESC_COLS, SPC, SPS]] = [
             step_bytes, LL_FLAG_MOD, LL_CLEAN_MASK, dtype.kind == "f", len(self.channels), addr(my_page.desc),
             addr(self.prog), *my_page.desc.shape, spc, sps]
+        ctl[LL128] = proto == "LL128"
         ctl[CANON] = np.array(CANONICAL_NAN.get(dtype.itemsize, 0), np.uint64).view(np.int64)
 
     def run(self, inp: np.ndarray, out: np.ndarray, sig: np.ndarray, opcode: int, max_idle: int,
@@ -184,7 +187,7 @@ class Compiled:
             return ("head", ch.send.peer, int(row[WSTEP]), ch.send.head, ch.send.head_sleep, prim)
         if row[WAIT] == WAIT_TAIL:
             return ("tail", ch.recv.peer, int(row[WSTEP]), ch.recv.tail, ch.recv.tail_sleep, prim)
-        return ("LL flag", ch.recv.peer, int(row[WSTEP]), ch.recv.doorbell, ch.recv.tail_sleep, prim)
+        return (f"{self.proto} flag", ch.recv.peer, int(row[WSTEP]), ch.recv.doorbell, ch.recv.tail_sleep, prim)
 
 
 class Cache:
@@ -196,7 +199,8 @@ class Cache:
         if rank == 0:
             on = [f"Ring/{p}" for p in SWITCHES if enabled(p)]
             off = [f"Ring/{p} ({SWITCHES[p]}=0)" for p in SWITCHES if not enabled(p)]
-            debug.info("INIT", (f"{' and '.join(on)} collectives run compiled (collectives/device/compiled.py)"
+            listed = ", ".join(on[:-1]) + (" and " if len(on) > 1 else "") + (on[-1] if on else "")
+            debug.info("INIT", (f"{listed} collectives run compiled (collectives/device/compiled.py)"
                                 if on else "") + ("; " if on and off else "")
                        + (f"{', '.join(off)} run the readable primitives" if off else ""))
 

@@ -23,47 +23,9 @@ from collectives.include.device import NCCL_STEPS
 from .compiled_common import (BLOCKED, CANON, CHECKED, DONE, DST, END, FIFO, FIRST, FROM_OUT, IS_FLOAT, MISMATCH,
                               NCH, NELEM, OPCODE, PC, PDESC, PROG, R_HEADSLEEP, REC, RHEAD, RSTEP, RSTEP_W, RTAIL,
                               RWORDS, S_TAILSLEEP, SHEAD, SLICE, SND, SPC, SPS, SRC, SSTEP, SSTEP_W, STAIL,
-                              STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, WSTEP, blocked, done,
-                              fence, fn, i64, moved, new_wait, peer_runs_same_call, ptr, publish, row, u32, u64, wake)
-
-
-# The loops index views from an unsigned counter: indexing the whole buffers at ``offset + e`` made numba check
-# each signed index for wraparound, which kept the compiler from vectorising (9x slower at 4 MiB here).
-
-@numba.njit(nogil=True, cache=True)
-def _copy(dst, d0, src, s0, n):
-    dv, sv = dst[d0:d0 + n], src[s0:s0 + n]
-    for e in range(np.uint64(n)):
-        dv[e] = sv[e]
-
-
-@numba.njit(nogil=True, cache=True)
-def _reduce(dst, d0, a, a0, b, b0, n, opcode, is_float, canon):
-    """``dst = fn(a, b)`` over ``n`` elements; sum and product get loops of their own, which the compiler
-    vectorises (the same single rounding per element, so the same bits as ``fn``)."""
-    dv, av, bv = dst[d0:d0 + n], a[a0:a0 + n], b[b0:b0 + n]
-    if opcode == 0:
-        for e in range(np.uint64(n)):
-            dv[e] = av[e] + bv[e]
-    elif opcode == 1:
-        for e in range(np.uint64(n)):
-            dv[e] = av[e] * bv[e]
-    else:
-        for e in range(np.uint64(n)):
-            dv[e] = fn(av[e], bv[e], opcode, is_float, canon)
-
-
-@numba.njit(nogil=True, cache=True)
-def _slice(dst, d0, inp, out, rbuf, s0, r0, recv, has_src, from_out, n, opcode, is_float, canon):
-    """One slice's ``reduceCopy`` into ``dst``: fn(local, peer), or a copy of the local source or of the slot."""
-    if has_src and recv:
-        _reduce(dst, d0, inp, s0, rbuf, r0, n, opcode, is_float, canon)
-    elif has_src and from_out:
-        _copy(dst, d0, out, s0, n)
-    elif has_src:
-        _copy(dst, d0, inp, s0, n)
-    else:
-        _copy(dst, d0, rbuf, r0, n)
+                              STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, WSTEP, blocked, copy, done,
+                              fence, i64, moved, new_wait, peer_runs_same_call, ptr, publish, reduce_slice, row, u32,
+                              u64, wake)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -135,12 +97,12 @@ def run_ops(ctl, inp, out, start_sig):
                         r0 = (st[RSTEP] % NCCL_STEPS) * step_elems
                         s0 = (st[SSTEP] % NCCL_STEPS) * step_elems
                         if dst >= 0:
-                            _slice(out, dst + offset, inp, out, rbuf, src + offset, r0, recv, src >= 0, from_out,
+                            reduce_slice(out, dst + offset, inp, out, rbuf, src + offset, r0, recv, src >= 0, from_out,
                                    real, opcode, is_float, canon)
                             if send:
-                                _copy(sbuf, s0, out, dst + offset, real)
+                                copy(sbuf, s0, out, dst + offset, real)
                         else:
-                            _slice(sbuf, s0, inp, out, rbuf, src + offset, r0, recv, src >= 0, from_out, real,
+                            reduce_slice(sbuf, s0, inp, out, rbuf, src + offset, r0, recv, src >= 0, from_out, real,
                                    opcode, is_float, canon)
                     if recv:
                         st[RSTEP] += sps

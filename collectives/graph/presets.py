@@ -80,14 +80,16 @@ def pcie_box(gpus: int = 8, comp_cap: int = 89) -> Machine:
 
 # This lab's transports: SHM through host memory (path PHB, so NCCL's PCI latency row), no GPU (compute
 # capability 0, so LL128 is off unless NCCL_PROTO names it).  The tuner constants are replaced by values measured
-# here, as a tuner plugin would: base latency + 3 us per ring or tree step inside a node, except Ring/LL, which
-# runs compiled (``device/ll_compiled``): 2.5 us + 1 us per step.  A step across emulated nodes goes through the
-# Python proxy thread on both sides, hundreds of microseconds (the runs behind both rows: docs/measured.md).
-# Rows: Tree, Ring; columns: LL, LL128, Simple.
-_INTRA = ((3.0, 3.0, 3.0), (1.0, 3.0, 3.0), *((0, 0, 0),) * 5)
+# here, as a tuner plugin would: base latency + 3 us per ring or tree step inside a node, except Ring/LL and
+# Ring/Simple, which run compiled (``device/compiled``): 2.5 us (LL) and 3.0 us (Simple) + 1 us per step, so that
+# LL keeps the smallest sizes and Simple's bandwidth takes over from a few KiB (measured at n = 2: both 8 us at
+# 8-512 B, Simple 11 against LL 12 us at 4 KiB, 18 against 37 at 32 KiB: benchmarks/tuning_check.py).  A step
+# across emulated nodes goes through the Python proxy thread on both sides, hundreds of microseconds (the runs
+# behind both rows: docs/measured.md).  Rows: Tree, Ring; columns: LL, LL128, Simple.
+_INTRA = ((3.0, 3.0, 3.0), (1.0, 3.0, 1.0), *((0, 0, 0),) * 5)
 _NET = ((600.0, 600.0, 360.0), (1155.0, 1155.0, 860.0), *((0, 0, 0),) * 5)
 CPU_CONSTANTS = TunerConstants(
-    base_latencies=((25.9, 30.3, 23.3), (2.5, 30.3, 23.3), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0)),
+    base_latencies=((25.9, 30.3, 23.3), (2.5, 30.3, 3.0), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0), (0, 0, 0)),
     hw_latencies=(_INTRA, _INTRA, _NET),
 )
 
