@@ -186,11 +186,25 @@ class Collectives:
         """nccl4py's ``Communicator.init(nranks=, rank=, unique_id=)`` (``ncclCommInitRank``)."""
         return cls(unique_id, nranks, rank)
 
+    _checked = None  # the last all_reduce's checked buffers (``_recheck``)
+
     def all_reduce(self, send: np.ndarray, *rest, op: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
+        last = self._checked
+        if last is not None and last[0] is send and last[1] is out and not rest and send.shape == last[2] \
+                and send.dtype is last[3] and op == last[4] and out.flags.writeable:  # the same arrays: checked
+            self._launch("AllReduce", last[5], last[6], last[5].size, last[4] or "sum", -1)
+            return last[7]
+        given_out, given_op = out, op
         out, op = buffer_first("all_reduce", rest, out, op, "sum")
         send = check_send("all_reduce", send, self.device)
         flat, recv, result = buffers("all_reduce", send, out, send.size, send.shape, device=self.device)
         check_overlap("all_reduce", "AllReduce", self.rank, flat, recv)
+        if not rest and given_out is not None and isinstance(send, np.ndarray):
+            # A training loop or a benchmark passes the same two arrays every call.  An array object's data and
+            # size cannot move while we hold it (numpy refuses to resize a referenced array), so the checks hold
+            # for the same objects, shape, dtype and op; writability is looked at again.  NCCL checks pointers only
+            # with NCCL_CHECK_POINTERS=1.  Saves 3 of an 8-byte AllReduce's 8 us of host time here.
+            self._checked = (send, given_out, send.shape, send.dtype, given_op, flat, recv, result)
         self._launch("AllReduce", flat, recv, flat.size, op, -1)
         return result
 

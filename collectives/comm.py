@@ -211,6 +211,7 @@ class Communicator(GatherScatter):
             self._p2p.clear()
             self._p2p.conns.clear()
         self._compiled = self._kernel = self._p2p_kernel = self._gpu = None
+        self._checked = None  # api.all_reduce's last buffers: let the user's arrays go
         for ch in getattr(self, "channels", ()):
             ch.send = ch.recv = None
             ch.send_to.clear()

@@ -38,7 +38,7 @@ from tracing import debug
 
 from . import ll_compiled, simple_compiled
 from .compiled_common import (CANON, CLEAN_MASK, COLS, DESC_COLS, DESC_ROWS, DONE, END, FIFO, FIRST, FLAG_MOD,
-                              HEADER, IS_FLOAT, LL128, MAX_IDLE, MISMATCH, MY_DESC, NCH, OPCODE, PC, PDESC, PROG,
+                              HEADER, IS_FLOAT, LL128, MAX_IDLE, MISMATCH, MOVES, MY_DESC, NCH, OPCODE, PC, PDESC, PROG,
                               PRIM, PRIMS, R_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, RHEAD, RSTAGE, RSTEP_W, RTAIL, RWORDS,
                               S_DOORBELL, S_HEADSLEEP, S_TAILSLEEP, SHEAD, SLEEPS, SPC, SPS, SSTAGE, SSTEP_W, STAIL,
                               STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, WSTEP, YIELDS)
@@ -164,7 +164,7 @@ class Compiled:
         > 0 (more ranks than cores): a blocked call yields ``yields`` times, then sleeps on what it waits for, up
         to ``sleeps`` times before it returns."""
         ctl = self.ctl
-        ctl[OPCODE], ctl[MAX_IDLE], ctl[SLEEPS], ctl[YIELDS] = opcode, max_idle, sleeps, yields
+        ctl[OPCODE], ctl[MAX_IDLE], ctl[SLEEPS], ctl[YIELDS], ctl[MOVES] = opcode, max_idle, sleeps, yields, 0
         return self.kernel(ctl, inp, out, sig)  # the kernel copies sig into ctl: a numpy slice copy costs more here
 
     def resume(self, inp: np.ndarray, out: np.ndarray) -> int:
@@ -248,15 +248,17 @@ def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, op: str, s
 
 def _resume(kernel, compiled: Compiled, inp, out, status: int):
     """A kernel work item: record what each channel waits for, yield, try again."""
+    ctl = compiled.ctl
     while True:
         if status == MISMATCH:  # the readable check raises, naming both calls
             c = next(c for c in range(len(compiled.channels)) if compiled.row(c)[WAIT] == WAIT_MISMATCH)
             kernel.check_peer_op(compiled.channels[c].recv.peer)
-        kernel.progress = compiled.progress()
-        for c, ch in enumerate(compiled.channels):
-            what = compiled.describe(c)
-            if what is not None:
-                kernel.wait_state[(ch.id, 0)] = what
+        kernel.progress = int(ctl[MOVES])
+        if not kernel.wait_state:  # Kernel.run clears it whenever progress moves: describe each stall once, not
+            for c, ch in enumerate(compiled.channels):  # every try (in Python, holding the GIL the proxy needs)
+                what = compiled.describe(c)
+                if what is not None:
+                    kernel.wait_state[(ch.id, 0)] = what
         yield
         status = compiled.resume(inp, out)
         if status == DONE:

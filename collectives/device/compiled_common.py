@@ -20,10 +20,10 @@ from collectives.misc import futex
 REC, SND, SRC, DST, NELEM, FROM_OUT, PRIM = range(7)
 # The header.  SIG takes 6 words: [opCount + 1, function, count, datatype, op, root]; SLEEPS and YIELDS: with more
 # ranks than cores, the futex sleeps before returning and the yields before one; SPC/SPS: Simple's slices per
-# chunk and steps per slice; LL128: the LL kernel runs LL128's lines.
+# chunk and steps per slice; LL128: the LL kernel runs LL128's lines; MOVES: rounds in which something moved.
 (STEP_BYTES, FLAG_MOD, CLEAN_MASK, OPCODE, MAX_IDLE, IS_FLOAT, NCH, MY_DESC, PROG, CANON, SIG) = range(11)
 DESC_ROWS, DESC_COLS = SIG + 6, SIG + 7
-SLEEPS, YIELDS, SPC, SPS, LL128 = DESC_COLS + 1, DESC_COLS + 2, DESC_COLS + 3, DESC_COLS + 4, DESC_COLS + 5
+SLEEPS, YIELDS, SPC, SPS, LL128, MOVES = (DESC_COLS + k for k in range(1, 7))
 HEADER = 24
 # One row per channel: addresses first (RWORDS/SWORDS: the protocol's FIFOs), then where the channel stands.
 (RWORDS, SWORDS, SHEAD, RHEAD, RSTAGE, SSTAGE, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, FIFO, PDESC, RSTEP_W,
@@ -176,9 +176,19 @@ def new_wait():
 def moved(ctl, w):
     """A channel moved: start counting again, and take back a sleep mark (a stale one costs the poster a futex
     wake on every post)."""
+    ctl[MOVES] += 1
     w[IDLE], w[YIELDED], w[SLEPT] = 0, 0, 0
     if w[ARMED] >= 0:
         w[ARMED] = unarm(ctl, w[ARMED])
+
+
+@numba.njit(nogil=True, cache=True)
+def wait_on(ctl, st, kind, step):
+    """Record what a channel waits for; a change counts as a move (``MOVES``), so that the wait the kernel
+    describes and sleeps on is never a stale one (credit taken, then waiting for the peer's data)."""
+    if st[WAIT] != kind or st[WSTEP] != step:
+        ctl[MOVES] += 1
+        st[WAIT], st[WSTEP] = kind, step
 
 
 @numba.njit(nogil=True, cache=True)

@@ -23,8 +23,8 @@ from .compiled_common import (BLOCKED, CANON, CHECKED, CLEAN_MASK, CREDIT, DONE,
                               FROM_OUT, IS_FLOAT, LINES, LL128, MISMATCH, NCH, NELEM, OPCODE, PC, PDESC, PROG,
                               R_HEADSLEEP, REC, RHEAD, RSTAGE, RSTEP, RSTEP_W, RWORDS, S_DOORBELL, S_TAILSLEEP, SHEAD,
                               SND, SRC, SSTAGE, SSTEP, SSTEP_W, STAIL, STEP_BYTES, SWORDS, WAIT, WAIT_FLAG, WAIT_HEAD,
-                              WAIT_MISMATCH, WSTEP, blocked, copy, done, fence, i64, moved, new_wait,
-                              peer_runs_same_call, ptr, publish, reduce_slice, row, u32, u64, wake)
+                              WAIT_MISMATCH, blocked, copy, done, fence, i64, moved, new_wait,
+                              peer_runs_same_call, ptr, publish, reduce_slice, row, u32, u64, wait_on, wake)
 from .ll_kernels import LL128_DATA_WORDS, LL128_PERM, LL128_WIRE_WORDS
 
 LL128_SLICE_DATA = LL128_DATA_WORDS * 8  # data bytes of a 2048-byte wire slice (prims_ll128.SLICE_DATA)
@@ -83,7 +83,7 @@ def run_ops(ctl, inp, out, start_sig):
                 nslices = (nbytes + LL128_SLICE_DATA - 1) // LL128_SLICE_DATA  # LL128: 1920 data bytes a slice
                 if send and st[CREDIT] == 0:  # waitSend: at most NCCL_STEPS steps ahead of the reader
                     if shead[0] + np.uint64(NCCL_STEPS) < np.uint64(st[SSTEP] + 1):
-                        st[WAIT], st[WSTEP] = WAIT_HEAD, st[SSTEP]
+                        wait_on(ctl, st, WAIT_HEAD, st[SSTEP])
                         break
                     st[CREDIT] = 1
                 if recv:
@@ -109,7 +109,7 @@ def run_ops(ctl, inp, out, start_sig):
                         waiting = i < nlines
                     st[LINES] = i
                     if waiting:
-                        st[WAIT], st[WSTEP] = WAIT_FLAG, step
+                        wait_on(ctl, st, WAIT_FLAG, step)
                         break
                     if nbytes > 0 and st[CHECKED] == 0:  # the peer's first data: is it running the same call?
                         if not peer_runs_same_call(ctl, st):

@@ -23,9 +23,9 @@ from collectives.include.device import NCCL_STEPS
 from .compiled_common import (BLOCKED, CANON, CHECKED, DONE, DST, END, FIFO, FIRST, FROM_OUT, IS_FLOAT, MISMATCH,
                               NCH, NELEM, OPCODE, PC, PDESC, PROG, R_HEADSLEEP, REC, RHEAD, RSTEP, RSTEP_W, RTAIL,
                               RWORDS, S_TAILSLEEP, SHEAD, SLICE, SND, SPC, SPS, SRC, SSTEP, SSTEP_W, STAIL,
-                              STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, WSTEP, blocked, copy, done,
+                              STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, blocked, copy, done,
                               fence, i64, moved, new_wait, peer_runs_same_call, ptr, publish, reduce_slice, row, u32,
-                              u64, wake)
+                              u64, wait_on, wake)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -79,7 +79,7 @@ def run_ops(ctl, inp, out, start_sig):
                     real = max(0, min(slice_size, nelem - offset))
                     if recv:  # waitPeer: the sender has filled this slice
                         if rtail[0] < np.uint64(st[RSTEP] + sps):
-                            st[WAIT], st[WSTEP] = WAIT_TAIL, st[RSTEP]
+                            wait_on(ctl, st, WAIT_TAIL, st[RSTEP])
                             break
                         if st[CHECKED] == 0:  # the peer's first data: is it running the same call?
                             if not peer_runs_same_call(ctl, st):
@@ -88,7 +88,7 @@ def run_ops(ctl, inp, out, start_sig):
                             st[CHECKED] = 1
                     if send:  # ... and the receiver has room for it
                         if shead[0] + np.uint64(NCCL_STEPS) < np.uint64(st[SSTEP] + sps):
-                            st[WAIT], st[WSTEP] = WAIT_HEAD, st[SSTEP]
+                            wait_on(ctl, st, WAIT_HEAD, st[SSTEP])
                             break
                         if st[FIFO]:  # a proxy sends this slice: tell it the size
                             numba.carray(ptr(st[FIFO]), NCCL_STEPS, np.int64)[st[SSTEP] % NCCL_STEPS] = real * esize
