@@ -118,8 +118,8 @@ def _host_starts(send, recv):
     return send.ctypes.data, recv.ctypes.data
 
 
-_NUMBA_TYPES = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float16,
-                                      np.float32, np.float64)}  # what numba types (not bfloat16)
+_NUMBA_TYPES = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float32,
+                                      np.float64)}  # what numba takes as array elements (not float16, bfloat16)
 
 
 def extents(send, recv) -> tuple[tuple[int, int], tuple[int, int]]:

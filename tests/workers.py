@@ -232,7 +232,8 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
     """(algo, proto) by NCCL's ncclTopoTuneModel / ncclTopoGetAlgoTime / topoGetAlgoInfo, written again here for
     the lab's CPU machine (1 ring of 6 GB/s per search channel, path PHB, compute capability 0 so LL128 only when
     NCCL_PROTO names it, AMD x86; measured constants: base latency LL 25.9, LL128 30.3, Simple 23.3 us, 3 us per
-    step inside a node, but Ring/LL, which runs compiled, 2.5 us and 1 us per step; across nodes, per step, Tree
+    step inside a node, but Ring/LL and Ring/Simple, which run compiled, 2.5 and 3.0 us and 1 us per step (Ring/LL128
+    keeps 30.3 and 3); across nodes, per step, Tree
     LL/LL128 600, Simple 360, Ring LL/LL128 1155, Simple 860 us).  NCCL's default tables restated: llMaxBws, perChMaxTreeBws, perChMaxRing/TreeLL128Bws.  Only the
     tree correction factors are taken from the cost model (a table of NCCL constants, tested on its own)."""
     from collectives.graph.cost_model import TREE_CORRECTION
@@ -248,10 +249,11 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
         for p, proto in enumerate(("LL", "LL128", "Simple")):
             if (protos is None and proto == "LL128") or (protos is not None and proto not in protos):
                 continue
-            hw_of = lambda a, p=proto: 1.0 if (a, p) == ("Ring", "LL") else 3.0  # noqa: E731
+            hw_of = lambda a, p=proto: 1.0 if (a, p) in (("Ring", "LL"), ("Ring", "Simple")) else 3.0  # noqa: E731
             net_of = lambda a, p=proto: {"Tree": 360.0 if p == "Simple" else 600.0,  # noqa: E731
                                          "Ring": 860.0 if p == "Simple" else 1155.0}[a]
-            base = 2.5 if (algo, proto) == ("Ring", "LL") else {"LL": 25.9, "LL128": 30.3, "Simple": 23.3}[proto]
+            base = {("Ring", "LL"): 2.5, ("Ring", "Simple"): 3.0}.get((algo, proto)) or \
+                {"LL": 25.9, "LL128": 30.3, "Simple": 23.3}[proto]
             hw = hw_of(algo)
             bw = search * 6.0
             if algo == "Ring" and proto == "LL":
