@@ -5,8 +5,10 @@
 Every rank opens two communicators over the same 4 processes: one with every rank on one node (SHM between all of
 them), one with ``NCCL_HOSTID`` split in two (NET and its proxy thread between the nodes, SHM inside each), and
 times AllReduce float32 sum on both and on ``MPI_Allreduce``, in ``--rounds`` alternating rounds per size
-(medians).  Rank 0 prints the times, nccl-tests' busbw, and the two ratios issue 17 sets as goals: NET's busbw at
-16 MiB and above at least 50% of SHM's, and NET's 8-byte latency within 3x of SHM's.
+(medians).  Rank 0 prints the times, nccl-tests' busbw, and the two ratios issue 17 set as goals: NET's busbw at
+16 MiB and above against SHM's (50% asked), and NET's 8-byte latency against SHM's (3x asked).  Issue 27 retired
+them (loopback TCP copies every byte twice, SHM once) for NET against Gloo (``allreduce_vs_gloo.py``); they are
+printed as figures.
 """
 from __future__ import annotations
 
@@ -79,11 +81,11 @@ def main() -> int:
         big = [r for r in rows if r[0] >= 16 << 20]
         if small:
             ratio = small[0][1]["NET"] / small[0][1]["SHM"]
-            print(f"# goal: NET 8 B latency within 3x of SHM: {ratio:.2f}x -> {'met' if ratio <= 3 else 'NOT met'}")
+            print(f"# ratio: NET 8 B latency {ratio:.2f}x SHM's (issue 17 asked for 3x; issue 27 sets NET "
+                  f"against Gloo instead)")
         if big:
             worst = min(r[2]["NET"] / r[2]["SHM"] for r in big)
-            print(f"# goal: NET busbw at >= 16 MiB at least 50% of SHM: lowest {worst:.0%} -> "
-                  f"{'met' if worst >= 0.5 else 'NOT met'}")
+            print(f"# ratio: NET busbw at >= 16 MiB: lowest {worst:.0%} of SHM's (issue 17 asked for 50%)")
     return 0
 
 

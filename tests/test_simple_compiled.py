@@ -1,9 +1,7 @@
 """The compiled Simple path (``collectives/device/compiled.py`` over ``simple_compiled.py``) against the readable
-primitives (``prims_simple.py``): the same bits for every collective, type, op and odd size (edge values, in place
-and out of place, poisoned outputs), over SHM with several channels, over NET with its proxy, with ranks that sleep
-(more ranks than cores), with FIFOs small enough to wrap and slices that end empty; a mismatch still named."""
-import time
-
+primitives (``prims_simple.py``), beyond the checks every compiled protocol has (``test_compiled.py``): FIFOs small
+enough to wrap and slices that end empty, the record's bound, the reduction loops against numpy, and compiled and
+readable ranks in one collective (for LL and LL128 too)."""
 import numpy as np
 import pytest
 
@@ -13,13 +11,6 @@ from conftest import run_ranks
 from workers import ALL, Case
 
 
-def test_compiled_simple_matches_readable_two_ranks_every_op():
-    case = Case(counts=[1, 7, 4099, 40_009, 300_001], dtypes=["float32", "float64", "int8", "uint64"],
-                ops=["sum", "prod", "min", "max"], channels=2, proto="Simple")
-    proc = run_ranks(2, "compiled_paths", case.arg())
-    assert proc.stdout.count(" ok ") == 2, proc.stdout
-
-
 def test_compiled_simple_with_small_fifos_wraps_and_slices_end_empty():
     # 4 KiB Simple buffers: 512-byte slots, so every call spans many steps, the FIFO wraps many times per call,
     # and counts below a slice leave SlicePerChunk-1 empty slices that still wait and post.
@@ -27,24 +18,6 @@ def test_compiled_simple_with_small_fifos_wraps_and_slices_end_empty():
                 colls=ALL, proto="Simple")
     proc = run_ranks(3, "compiled_paths", case.arg(), env={"NCCL_BUFFSIZE": "4096"})
     assert proc.stdout.count(" ok ") == 3, proc.stdout
-
-
-def test_compiled_simple_over_net_with_sleeping_ranks():
-    # 4 ranks on 2 emulated nodes: NET (the proxy reads tail and connFifo, writes the peer's tail) between them,
-    # SHM inside; more ranks than this machine's 2 cores, so blocked ranks sleep on tail and head.
-    case = Case(counts=[3, 5000, 200_003], dtypes=["float32", "int64"], ops=["sum", "min"], channels=1, colls=ALL,
-                proto="Simple")
-    proc = run_ranks(4, "compiled_paths", case.arg(), nodes=2)
-    assert proc.stdout.count(" ok ") == 4, proc.stdout
-
-
-def test_mismatch_is_still_named_on_the_compiled_simple_path():
-    t0 = time.monotonic()
-    proc = run_ranks(3, "mismatch", "count", env={"NCCLLAB_TIMEOUT": "20", "NCCL_PROTO": "Simple"}, check=False,
-                     timeout=120)
-    assert proc.returncode != 0 and "unexpected success" not in proc.stdout
-    assert "collective mismatch" in proc.stderr and "rank 1" in proc.stderr, proc.stderr[-3000:]
-    assert time.monotonic() - t0 < 20
 
 
 def test_info_line_names_the_readable_simple_path_when_it_is_off():

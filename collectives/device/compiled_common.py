@@ -101,6 +101,19 @@ def publish(ctl, start_sig):
 
 
 @numba.njit(nogil=True, cache=True)
+def begin(ctl, start_sig, chunk_steps):
+    """A call starts: publish it, and put each channel at its first recorded call with its steps loaded from the
+    connections' counters, rounded up to ``chunk_steps`` (the primitives' constructor: Simple's ``roundUp``, 1 for
+    LL and LL128)."""
+    publish(ctl, start_sig)
+    for c in range(ctl[NCH]):
+        st = row(ctl, c)
+        st[PC], st[LINES], st[SLICE], st[WAIT], st[CREDIT], st[CHECKED] = st[FIRST], 0, 0, 0, 0, st[PDESC] == 0
+        st[RSTEP] = -(-i64(st[RSTEP_W])[0] // chunk_steps) * chunk_steps
+        st[SSTEP] = -(-i64(st[SSTEP_W])[0] // chunk_steps) * chunk_steps
+
+
+@numba.njit(nogil=True, cache=True)
 def peer_runs_same_call(ctl, st):
     """Before using a local peer's first data of this call: does its status page show the same call?"""
     rows, cols = ctl[DESC_ROWS], ctl[DESC_COLS]
@@ -195,6 +208,29 @@ def wait_on(ctl, st, kind, step):
 def done(ctl, w):
     if w[ARMED] >= 0:
         w[ARMED] = unarm(ctl, w[ARMED])
+
+
+CONTINUE = -1
+
+
+@numba.njit(nogil=True, cache=True)
+def save_steps(st):
+    """The primitives' destructor: a channel that is done saves its step counters for the next collective."""
+    i64(st[RSTEP_W])[0] = st[RSTEP]
+    i64(st[SSTEP_W])[0] = st[SSTEP]
+
+
+@numba.njit(nogil=True, cache=True)
+def end_round(ctl, nch, w, remaining, progressed):
+    """After a round over the channels: DONE, BLOCKED (``blocked``), or CONTINUE with another round."""
+    if remaining == 0:
+        done(ctl, w)
+        return DONE
+    if progressed:
+        moved(ctl, w)
+    elif blocked(ctl, nch, w):
+        return BLOCKED
+    return CONTINUE
 
 
 @numba.njit(nogil=True, cache=True)

@@ -19,12 +19,12 @@ import numpy as np
 
 from collectives.include.device import NCCL_STEPS
 
-from .compiled_common import (BLOCKED, CANON, CHECKED, CLEAN_MASK, CREDIT, DONE, DST, END, FIFO, FIRST, FLAG_MOD,
-                              FROM_OUT, IS_FLOAT, LINES, LL128, MISMATCH, NCH, NELEM, OPCODE, PC, PDESC, PROG,
-                              R_HEADSLEEP, REC, RHEAD, RSTAGE, RSTEP, RSTEP_W, RWORDS, S_DOORBELL, S_TAILSLEEP, SHEAD,
-                              SND, SRC, SSTAGE, SSTEP, SSTEP_W, STAIL, STEP_BYTES, SWORDS, WAIT, WAIT_FLAG, WAIT_HEAD,
-                              WAIT_MISMATCH, blocked, copy, done, fence, i64, moved, new_wait,
-                              peer_runs_same_call, ptr, publish, reduce_slice, row, u32, u64, wait_on, wake)
+from .compiled_common import (CANON, CHECKED, CLEAN_MASK, CONTINUE, CREDIT, DST, END, FIFO, FLAG_MOD, FROM_OUT,
+                              IS_FLOAT, LINES, LL128, MISMATCH, NCH, NELEM, OPCODE, PC, PROG, REC, RHEAD, RSTAGE, RSTEP,
+                              RWORDS, R_HEADSLEEP, SHEAD, SND, SRC, SSTAGE, SSTEP, STAIL, STEP_BYTES, SWORDS,
+                              S_DOORBELL, S_TAILSLEEP, WAIT, WAIT_FLAG, WAIT_HEAD, WAIT_MISMATCH, begin, copy,
+                              end_round, fence, new_wait, peer_runs_same_call, ptr, reduce_slice, row, save_steps, u32,
+                              u64, wait_on, wake)
 from .ll_kernels import LL128_DATA_WORDS, LL128_PERM, LL128_WIRE_WORDS
 
 LL128_SLICE_DATA = LL128_DATA_WORDS * 8  # data bytes of a 2048-byte wire slice (prims_ll128.SLICE_DATA)
@@ -54,12 +54,7 @@ def run_ops(ctl, inp, out, start_sig):
     canon = numba.carray(ptr(ctl[CANON:].ctypes.data), 1, out.dtype)[0]
     prog = numba.carray(ptr(ctl[PROG]), (row(ctl, nch - 1)[END], 7), np.int64)
     if len(start_sig) > 0:
-        publish(ctl, start_sig)  # this rank's call, before any data moves
-        for c in range(nch):
-            st = row(ctl, c)
-            st[PC], st[LINES], st[WAIT], st[CREDIT], st[CHECKED] = st[FIRST], 0, 0, 0, st[PDESC] == 0
-            st[RSTEP] = i64(st[RSTEP_W])[0]
-            st[SSTEP] = i64(st[SSTEP_W])[0]
+        begin(ctl, start_sig, 1)  # this rank's call published before any data moves
     fence()  # a sleeper's mark, stored before this call, is visible before we look at the flags again
     w = new_wait()
     while True:
@@ -175,13 +170,8 @@ def run_ops(ctl, inp, out, start_sig):
                 progressed = True
             if st[PC] < st[END]:
                 remaining += 1
-            else:  # the primitives' destructor: save the step counters for the next collective
-                i64(st[RSTEP_W])[0] = st[RSTEP]
-                i64(st[SSTEP_W])[0] = st[SSTEP]
-        if remaining == 0:
-            done(ctl, w)
-            return DONE
-        if progressed:
-            moved(ctl, w)
-        elif blocked(ctl, nch, w):
-            return BLOCKED
+            else:
+                save_steps(st)
+        status = end_round(ctl, nch, w, remaining, progressed)
+        if status != CONTINUE:
+            return status

@@ -20,12 +20,11 @@ import numpy as np
 
 from collectives.include.device import NCCL_STEPS
 
-from .compiled_common import (BLOCKED, CANON, CHECKED, DONE, DST, END, FIFO, FIRST, FROM_OUT, IS_FLOAT, MISMATCH,
-                              NCH, NELEM, OPCODE, PC, PDESC, PROG, R_HEADSLEEP, REC, RHEAD, RSTEP, RSTEP_W, RTAIL,
-                              RWORDS, S_TAILSLEEP, SHEAD, SLICE, SND, SPC, SPS, SRC, SSTEP, SSTEP_W, STAIL,
-                              STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, blocked, copy, done,
-                              fence, i64, moved, new_wait, peer_runs_same_call, ptr, publish, reduce_slice, row, u32,
-                              u64, wait_on, wake)
+from .compiled_common import (CANON, CHECKED, CONTINUE, DST, END, FIFO, FROM_OUT, IS_FLOAT, MISMATCH, NCH, NELEM,
+                              OPCODE, PC, PROG, REC, RHEAD, RSTEP, RTAIL, RWORDS, R_HEADSLEEP, SHEAD, SLICE, SND, SPC,
+                              SPS, SRC, SSTEP, STAIL, STEP_BYTES, SWORDS, S_TAILSLEEP, WAIT, WAIT_HEAD, WAIT_MISMATCH,
+                              WAIT_TAIL, begin, copy, end_round, fence, new_wait, peer_runs_same_call, ptr,
+                              reduce_slice, row, save_steps, u32, u64, wait_on, wake)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -51,14 +50,9 @@ def run_ops(ctl, inp, out, start_sig):
     canon = numba.carray(ptr(ctl[CANON:].ctypes.data), 1, out.dtype)[0]
     prog = numba.carray(ptr(ctl[PROG]), (row(ctl, nch - 1)[END], 7), np.int64)
     if len(start_sig) > 0:
-        publish(ctl, start_sig)  # this rank's call, before any data moves
-        chunk_steps = spc * sps
+        begin(ctl, start_sig, spc * sps)  # published before any data moves; steps rounded up to a chunk
         for c in range(nch):
-            st = row(ctl, c)
-            st[PC], st[SLICE], st[WAIT], st[CHECKED] = st[FIRST], 0, 0, st[PDESC] == 0
-            st[RSTEP] = -(-i64(st[RSTEP_W])[0] // chunk_steps) * chunk_steps  # roundUp(step, chunk steps)
-            st[SSTEP] = -(-i64(st[SSTEP_W])[0] // chunk_steps) * chunk_steps
-            _post_head(st)  # the credit of the steps skipped
+            _post_head(row(ctl, c))  # the credit of the steps skipped
     fence()
     w = new_wait()
     while True:
@@ -122,13 +116,8 @@ def run_ops(ctl, inp, out, start_sig):
                 st[SLICE] = 0
             if st[PC] < st[END]:
                 remaining += 1
-            else:  # the primitives' destructor: save the step counters for the next collective
-                i64(st[RSTEP_W])[0] = st[RSTEP]
-                i64(st[SSTEP_W])[0] = st[SSTEP]
-        if remaining == 0:
-            done(ctl, w)
-            return DONE
-        if progressed:
-            moved(ctl, w)
-        elif blocked(ctl, nch, w):
-            return BLOCKED
+            else:
+                save_steps(st)
+        status = end_round(ctl, nch, w, remaining, progressed)
+        if status != CONTINUE:
+            return status

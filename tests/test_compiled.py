@@ -1,6 +1,8 @@
-"""The compiled LL path (``collectives/device/compiled.py``) against the readable primitives: the same bits for
-every collective, type, op and odd size, edge values included, over SHM and over NET with its proxy, with ranks
-that sleep (more ranks than cores); a mismatch still named; and the INFO line that says which path runs."""
+"""The compiled ring kernels (``collectives/device/compiled.py`` over ``ll_compiled.py`` for LL and LL128 and
+``simple_compiled.py`` for Simple) against the readable primitives: the same bits for every collective, type, op
+and odd size, edge values included, over SHM and over NET with its proxy, with ranks that sleep (more ranks than
+cores); a mismatch still named; what runs compiled, and the INFO line that says so.  Simple's own checks (small
+FIFOs, slices, the loops, compiled and readable ranks together) are in ``test_simple_compiled.py``."""
 import time
 
 import numpy as np
@@ -11,18 +13,32 @@ from collectives.device import compiled, compiled_common
 from conftest import run_ranks
 from workers import ALL, Case
 
+EVERY_OP = {  # per protocol: counts (odd, one step, many steps) and the FIFO size that makes them wrap
+    "LL": ([1, 7, 4099, 40_009], {}),
+    "LL128": ([1, 7, 481, 4099, 40_009], {"NCCL_LL128_BUFFSIZE": str(16 << 10)}),
+    "Simple": ([1, 7, 4099, 40_009, 300_001], {}),
+}
 
-def test_compiled_matches_readable_two_ranks_every_op():
-    case = Case(counts=[1, 7, 4099, 40_009], dtypes=["float32", "float64", "int8", "uint64"],
-                ops=["sum", "prod", "min", "max"], channels=2)
-    proc = run_ranks(2, "compiled_paths", case.arg())
+
+@pytest.mark.parametrize("proto", list(EVERY_OP))
+def test_compiled_matches_readable_two_ranks_every_op(proto):
+    """LL128's lines go through the LL kernel (``ctl[LL128]``): the warp layout of each 2048-byte wire slice, whole
+    zero-padded slices, 64-bit flags; its 16 KiB FIFO makes every call many steps."""
+    counts, env = EVERY_OP[proto]
+    case = Case(counts=counts, dtypes=["float32", "float64", "int8", "uint64"], ops=["sum", "prod", "min", "max"],
+                channels=2, proto=proto)
+    proc = run_ranks(2, "compiled_paths", case.arg(), env=env)
     assert proc.stdout.count(" ok ") == 2, proc.stdout
 
 
-def test_compiled_matches_readable_over_net_with_sleeping_ranks():
-    # 4 ranks on 2 emulated nodes: NET (proxy thread reading the flags and connFifo) between them, SHM inside;
-    # more ranks than this machine's 2 cores, so blocked ranks sleep on the doorbell and head.
-    case = Case(counts=[3, 5000, 65_537], dtypes=["float32", "int32"], ops=["sum", "max"], channels=1, colls=ALL)
+@pytest.mark.parametrize("proto,counts", [("LL", [3, 5000, 65_537]), ("LL128", [3, 5000, 65_537]),
+                                          ("Simple", [3, 5000, 200_003])])
+def test_compiled_matches_readable_over_net_with_sleeping_ranks(proto, counts):
+    # 4 ranks on 2 emulated nodes: NET between them (the proxy reads LL's flags, LL128's flags and tail, Simple's
+    # tail, and connFifo), SHM inside; more ranks than this machine's 2 cores, so blocked ranks sleep on the
+    # doorbell, tail and head.
+    case = Case(counts=counts, dtypes=["float32", "int32" if proto != "Simple" else "int64"],
+                ops=["sum", "max" if proto != "Simple" else "min"], channels=1, colls=ALL, proto=proto)
     proc = run_ranks(4, "compiled_paths", case.arg(), nodes=2)
     assert proc.stdout.count(" ok ") == 4, proc.stdout
 
@@ -38,9 +54,10 @@ def test_compiled_waits_of_oversubscribed_ranks_leave_no_sleep_mark():
     assert proc.stdout.count(" ok ") == 3, proc.stdout
 
 
-def test_mismatch_is_still_named_on_the_compiled_path():
+@pytest.mark.parametrize("proto", ["LL", "Simple"])
+def test_mismatch_is_still_named_on_the_compiled_path(proto):
     t0 = time.monotonic()
-    proc = run_ranks(3, "mismatch", "count", env={"NCCLLAB_TIMEOUT": "20", "NCCL_PROTO": "LL"}, check=False,
+    proc = run_ranks(3, "mismatch", "count", env={"NCCLLAB_TIMEOUT": "20", "NCCL_PROTO": proto}, check=False,
                      timeout=120)
     assert proc.returncode != 0 and "unexpected success" not in proc.stdout
     assert "collective mismatch" in proc.stderr and "rank 1" in proc.stderr, proc.stderr[-3000:]
@@ -83,20 +100,3 @@ def test_recorded_calls_are_run_rings():
     assert names == ["send", "recv_reduce_send", "recv_reduce_send", "recv_reduce_copy_send", "recv_copy_send",
                      "recv_copy_send", "recv"]
     assert rows[:, compiled_common.NELEM].sum() == 7 * 16
-
-
-def test_compiled_ll128_matches_readable_every_op():
-    """LL128's lines through the same kernel (``ctl[LL128]``): the warp layout of each 2048-byte wire slice, whole
-    zero-padded slices, 64-bit flags; 16 KiB buffers make every call many steps and the FIFO wrap."""
-    case = Case(counts=[1, 7, 481, 4099, 40_009], dtypes=["float32", "float64", "int8", "uint64"],
-                ops=["sum", "prod", "min", "max"], channels=2, proto="LL128")
-    proc = run_ranks(2, "compiled_paths", case.arg(), env={"NCCL_LL128_BUFFSIZE": str(16 << 10)})
-    assert proc.stdout.count(" ok ") == 2, proc.stdout
-
-
-def test_compiled_ll128_over_net_with_sleeping_ranks():
-    # over NET the proxy waits for LL128's tail as well as its flags; 4 ranks on 2 cores sleep on doorbell and head
-    case = Case(counts=[3, 5000, 65_537], dtypes=["float32", "int32"], ops=["sum", "max"], channels=1, colls=ALL,
-                proto="LL128")
-    proc = run_ranks(4, "compiled_paths", case.arg(), nodes=2)
-    assert proc.stdout.count(" ok ") == 4, proc.stdout
