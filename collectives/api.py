@@ -19,6 +19,8 @@ buffer is overwritten before the ring has read it.  The lab never returns a wron
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numba
 import numpy as np
 
@@ -173,6 +175,18 @@ def scattered_shape(shape: tuple, count: int, nranks: int) -> tuple:
     return (shape[0] // nranks, *shape[1:]) if shape and shape[0] % nranks == 0 else (count,)
 
 
+class Checked(NamedTuple):
+    """An all_reduce's arguments as given (``op`` may be None) and what their checks produced."""
+    send: np.ndarray
+    out: np.ndarray
+    shape: tuple
+    dtype: np.dtype
+    op: str | None
+    flat: np.ndarray
+    recv: np.ndarray
+    result: np.ndarray
+
+
 class Collectives:
     """The public calls of a communicator (``ncclAllReduce``, ``ncclAllGather``, ``ncclReduceScatter``,
     ``ncclBroadcast``, ``ncclReduce``), in both forms; each checks its buffers and hands a flat send and receive
@@ -186,14 +200,14 @@ class Collectives:
         """nccl4py's ``Communicator.init(nranks=, rank=, unique_id=)`` (``ncclCommInitRank``)."""
         return cls(unique_id, nranks, rank)
 
-    _checked = None  # the last all_reduce's checked buffers (``_recheck``)
+    _checked = None  # the last all_reduce's checked buffers (a ``Checked``)
 
     def all_reduce(self, send: np.ndarray, *rest, op: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
         last = self._checked
-        if last is not None and last[0] is send and last[1] is out and not rest and send.shape == last[2] \
-                and send.dtype is last[3] and op == last[4] and out.flags.writeable:  # the same arrays: checked
-            self._launch("AllReduce", last[5], last[6], last[5].size, last[4] or "sum", -1)
-            return last[7]
+        if last is not None and last.send is send and last.out is out and not rest and send.shape == last.shape \
+                and send.dtype is last.dtype and op == last.op and out.flags.writeable:  # the same arrays: checked
+            self._launch("AllReduce", last.flat, last.recv, last.flat.size, last.op or "sum", -1)
+            return last.result
         given_out, given_op = out, op
         out, op = buffer_first("all_reduce", rest, out, op, "sum")
         send = check_send("all_reduce", send, self.device)
@@ -204,7 +218,7 @@ class Collectives:
             # size cannot move while we hold it (numpy refuses to resize a referenced array), so the checks hold
             # for the same objects, shape, dtype and op; writability is looked at again.  NCCL checks pointers only
             # with NCCL_CHECK_POINTERS=1.  Saves 3 of an 8-byte AllReduce's 8 us of host time here.
-            self._checked = (send, given_out, send.shape, send.dtype, given_op, flat, recv, result)
+            self._checked = Checked(send, given_out, send.shape, send.dtype, given_op, flat, recv, result)
         self._launch("AllReduce", flat, recv, flat.size, op, -1)
         return result
 

@@ -172,7 +172,7 @@ class Communicator(GatherScatter):
                                   h.suspects, h.warn)
         self._p2p_kernel.tracer = self.tracer
         self._compiled = None if self._gpu else compiled_ring.Cache(self.channels, self.nranks, h.pages, h.mine,
-                                                                  self.rank)
+                                                                    self.rank)
         self._tasks: dict[tuple, Task] = {}
         self.group_colls: list = []  # collectives queued in an open group (group_plan.QueuedColl)
         self._log_coll, self._log_tuning = debug.enabled("INFO", "COLL"), debug.enabled("INFO", "TUNING")

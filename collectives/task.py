@@ -4,8 +4,8 @@ and slice steps, the proxy's op counts).
 
 A communicator keeps its tasks by (function, count, type, op, root), so a repeated call, the usual case in a
 training loop or a benchmark, rebuilds nothing: it looks its task up, stamps the opCount and runs.  The compiled
-ring form (``device/compiled``: Ring/LL and Ring/Simple) is kept per task as well, by in-place-ness (AllGather and Broadcast move their own
-block differently in place).  Deliberate difference: NCCL rebuilds its plan for every call; its host code costs
+ring form (``device/compiled``: Ring/LL, Ring/LL128 and Ring/Simple) is kept per task as well, by in-place-ness
+(AllGather and Broadcast move their own block differently in place).  Deliberate difference: NCCL rebuilds its plan for every call; its host code costs
 microseconds in C, ours would cost tens in Python.
 """
 from __future__ import annotations

@@ -173,10 +173,6 @@ class Compiled:
     def row(self, c: int) -> np.ndarray:
         return self.ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
 
-    def progress(self) -> int:
-        """Primitive calls done so far, over every channel (``Kernel.progress`` counts them)."""
-        return sum(int(self.row(c)[PC] - self.row(c)[FIRST]) for c in range(len(self.channels)))
-
     def describe(self, c: int) -> tuple | None:
         """What channel ``c`` waits for, as ``Kernel.waiting`` records it (None once it is done)."""
         row, ch = self.row(c), self.channels[c]
