@@ -1,7 +1,7 @@
 """Our AllReduce across emulated nodes beside PyTorch's Gloo (``torch.distributed``, CPU tensors over loopback
 TCP), in the same processes, alternating rounds, reported like nccl-tests.
 
-    mpirun -n 4 python benchmarks/allreduce_vs_gloo.py --nodes 4 [-b 8] [-e 128M] [-f 8] [--json FILE]
+    mpirun -n 4 python benchmarks/allreduce_vs_gloo.py --nodes 4 [-b 8] [-e 128M] [-f 8] [-R 1] [--json FILE]
 
 ``--nodes K`` splits the ranks into K emulated nodes (``NCCL_HOSTID`` per block of ranks, as
 ``collectives.job.emulated_node`` does for ``--nodes``): ``--nodes 4`` on 4 ranks is "4 x 1" (every hop crosses
@@ -9,6 +9,10 @@ NET/Socket), ``--nodes 2`` is "2 x 2" (SHM inside a node).  Gloo's process group
 size over a TCP store on 127.0.0.1, at a free port rank 0 picks and broadcasts; ``GLOO_SOCKET_IFNAME`` defaults to
 ``lo``.  Per size, ``--rounds`` rounds alternate the two; each side reports its median round's mean over ranks.
 busbw = algbw * 2(n-1)/n as nccl-tests.
+
+``-R 1`` (nccl-tests' flag) registers our send and receive buffers (``comm.register``, ``ncclCommRegister``): a
+Ring/Simple AllReduce then moves its NET steps straight between them and the sockets (``collectives/register.py``),
+as Gloo does with its tensor; ``-R 0`` (the default, as in nccl-tests) goes through the FIFOs.
 
 Gloo's ``all_reduce`` works in place: it is timed on a zero-filled buffer (sums of zeros stay zero: no overflow and
 no denormals over the timed calls; a float add costs the same for any normal value), ours out of place on random
@@ -62,6 +66,8 @@ def main() -> int:
     add_side_by_side_args(p, "128M", 8, 200)
     p.add_argument("--nodes", type=int, default=0, help="emulated nodes (default: one per rank)")
     p.add_argument("--json", help="write both curves as series files for `python -m visualize curves`")
+    p.add_argument("-R", "--local_register", type=int, choices=(0, 1), default=0,
+                   help="1: register our buffers (ncclCommRegister), as nccl-tests' -R 1")
     a = p.parse_args()
     world = MPI.COMM_WORLD
     n = world.size
@@ -79,7 +85,8 @@ def main() -> int:
         if world.rank == 0:
             via = sorted({t for ch in comm.describe()["connections"] for t in ch.values()})
             print(f"# AllReduce float32 sum, n={n} as {shape} emulated nodes (rank 0's connections: {', '.join(via)})"
-                  f": nccl-lab (the cost model's algorithm and protocol) vs torch.distributed Gloo "
+                  f": nccl-lab (the cost model's algorithm and protocol; buffers "
+                  f"{'registered, -R 1' if a.local_register else 'not registered, -R 0'}) vs torch.distributed Gloo "
                   f"(torch {torch.__version__}, loopback TCP)")
             print(f"# {'size':>10} {'algo/proto':>12} {'lab us':>10} {'lab busbw':>10} {'gloo us':>10} "
                   f"{'gloo busbw':>10} {'lab/gloo':>8}")
@@ -88,10 +95,13 @@ def main() -> int:
             x = np.random.default_rng(world.rank).uniform(-1, 1, max(1, size // 4)).astype(np.float32)
             out = np.empty_like(x)
             zeros = torch.zeros(x.size, dtype=torch.float32)
+            handles = [comm.register(x), comm.register(out)] if a.local_register else []
             t = timed_rounds({"lab": lambda: comm.all_reduce(x, out=out), "gloo": lambda: dist.all_reduce(zeros)},
                              iters_for(size, 200, a.iters), world, a.rounds, warmup=a.warmup_iters)
+            for h in handles:
+                comm.deregister(h)
             if size <= CHECK_MAX:
-                wrong["lab"] += lab_wrong(comm, world, size, seed=size)
+                wrong["lab"] += lab_wrong(comm, world, size, seed=size, register=bool(a.local_register))
                 inputs = inputs_for(size, n, seed=size + 1)
                 mine = torch.from_numpy(np.asarray(inputs[world.rank]).copy())  # summed in place
                 dist.all_reduce(mine)

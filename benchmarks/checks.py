@@ -20,14 +20,18 @@ def inputs_for(size: int, nranks: int, seed: int) -> list:
     return [_Rolled(base, q * STRIDE) for q in range(nranks)]
 
 
-def lab_wrong(comm, world, size: int, seed: int) -> int:
-    """Elements, over all ranks, where one AllReduce sum of ``comm`` (fresh inputs, poisoned output) differs in
-    its bytes from the NCCL-order reference; 0 is right."""
+def lab_wrong(comm, world, size: int, seed: int, register: bool = False) -> int:
+    """Elements, over all ranks, where one AllReduce sum of ``comm`` (fresh inputs, poisoned output; both buffers
+    registered with ``register``, nccl-tests' -R 1) differs in its bytes from the NCCL-order reference; 0 is
+    right."""
     inputs = inputs_for(size, comm.nranks, seed)
     x = np.asarray(inputs[comm.rank]).copy()  # _Rolled may hand back a view of the shared vector
     out = np.empty_like(x)
     _poison(out)
+    handles = [comm.register(x), comm.register(out)] if register else []
     comm.all_reduce(x, out=out)
+    for h in handles:
+        comm.deregister(h)
     want = reference.all_reduce(inputs, "sum", **comm.reference_config("AllReduce", x.size, x.dtype))
     return world.allreduce(count_wrong(out, want))
 

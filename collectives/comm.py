@@ -43,7 +43,7 @@ from .graph.init_rank import init_rank
 from .graph.trees import tree_table
 from .health import Health
 from .job import install_fatal_hook, rank_env
-from . import group_plan, groups
+from . import group_plan, groups, register
 from .p2p import P2p, P2pChecks
 from .rooted import GatherScatter
 from .split import SplitBootstrap, child_magic, split_info
@@ -92,6 +92,7 @@ class Communicator(GatherScatter):
         self.bootstrap = _bootstrap if _bootstrap is not None else Bootstrap(unique_id, rank, nranks)
         self.health: Health | None = None      # status pages, checks while waiting, hang reports
         self.conns: Connections | None = None  # the transports' state: segments, net plugin, proxy
+        self._registry = register.Registry(rank)  # ncclCommRegister's buffers (comm->regCache)
         try:
             self._init_transports(unique_id, rings, search_channels, protocols, algorithms, device)
         except BaseException as exc:
@@ -221,6 +222,7 @@ class Communicator(GatherScatter):
                 self.conns.free(drain=not failed and self._error is None)
         finally:
             self.conns = None
+            self._registry.free()  # after the proxy's last ops: the plugin's comms took their handles with them
             if self.health is not None:
                 self.health.close()
 
@@ -272,6 +274,19 @@ class Communicator(GatherScatter):
         finally:
             self.op_count += 1
 
+    # ------------------------------------------------------------------ registration
+    def register(self, buf: np.ndarray) -> register.Registration | None:
+        """``ncclCommRegister``: a handle for ``buf`` (None with NCCL_LOCAL_REGISTER=0).  A Ring/Simple
+        AllReduce whose send and receive buffers are both registered moves its NET steps straight between the user
+        buffers and the network (``register.py``)."""
+        self._check()
+        return self._registry.register(id(self), buf)
+
+    def deregister(self, handle: register.Registration | None) -> None:
+        """``ncclCommDeregister``."""
+        self._check()
+        self._registry.deregister(handle)
+
     # ------------------------------------------------------------------ point-to-point
     def _enqueue_p2p(self, is_send: bool, buff: np.ndarray, peer: int) -> None:
         """``ncclEnqueueCheck`` of a send or recv: queue it, and launch at once outside a group."""
@@ -322,11 +337,17 @@ class Communicator(GatherScatter):
             return self._gpu.run(task, send, recv, self.op_count)
         if func in IN_PLACE_MATTERS:  # NCCL retypes these as int8: they move bytes
             send, recv = send.view(np.uint8), recv.view(np.uint8)
+        net_reg = None
+        if self._registry.regs:  # registered buffers: Ring/Simple AllReduce over NET uses them (register.py)
+            regs = self._registry.ring_net(task, send, recv)
+            if regs is not None:
+                net_reg = register.ring_algos(self._registry, regs, plan, self.channels, self.nranks, send, recv,
+                                              task.slice_steps, task.chunk_steps)
         kernel = self._kernel
         kernel.reset(self.op_count, func)
         t0 = now() if tracer is not None else 0
         launch.run_plan(kernel, task, self.channels, self.nranks, send, recv, compiled, self.conns, self.health,
-                        placed)
+                        placed, net_reg)
         if tracer is not None:
             t1 = now()
             tracer.add_plan([(self.op_count, func, plan.algo, plan.proto, task.count,

@@ -174,11 +174,13 @@ class Connections:
 
     # --- what the communicator asks of its connections ---
 
-    def save_ops(self, counts: list, proto: str, slice_steps: int, chunk_steps: int, tracer, seq: int) -> list:
+    def save_ops(self, counts: list, proto: str, slice_steps: int, chunk_steps: int, tracer, seq: int,
+                 regs: dict | None = None) -> list:
         """``ncclProxySaveOp``: one op per proxied connector of ``counts`` [(connector, steps)], posted to its proxy
         in order (``Transport.save_ops``); returns the ops (the collective waits for its sends, see
-        ``proxy.wait_sent``)."""
-        ops = [ProxyOp(conn.proxy_conn, proto, nsteps, slice_steps, chunk_steps, tracer, seq)
+        ``proxy.wait_sent``).  ``regs``: {id(connector): registered buffers' schedule} when the call uses them."""
+        regs = regs or {}
+        ops = [ProxyOp(conn.proxy_conn, proto, nsteps, slice_steps, chunk_steps, tracer, seq, regs.get(id(conn)))
                for conn, nsteps in counts if conn is not None and conn.proxy_conn is not None and nsteps]
         if ops:
             for t, state in self.states.items():

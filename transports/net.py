@@ -17,6 +17,12 @@ Each ring or tree connection opens on the net device the topology search chose f
 without a topology, and for point-to-point connections, device 0.  A choice past the plugin's devices (the socket
 plugin has one) falls back to device 0: on purpose unlike NCCL, whose plugin would have that many devices.
 
+With registered user buffers (``collectives/register.py``: Ring/Simple AllReduce, ``sub->reg``) an op carries
+``reg``, the ring's schedule of user-buffer addresses (``ring_algo.RingAR``): the send side takes each step's
+bytes from the user's send or receive buffer instead of the slot, and the receive side, once the kernel has marked
+``connFifo`` (``regBufferReady``), receives each step straight into the user's receive buffer.  Head, tail and the
+sizes in ``connFifo`` work as before.
+
 One op per (channel, peer, direction) per collective, like ``ncclProxySaveOp``, with the exact number of steps the
 kernel will move.  A plugin failure (``NetError``) reaches the proxy as a ``ProxyError`` naming the connection.
 """
@@ -100,7 +106,14 @@ def send_proxy_progress(op: ProxyOp) -> bool:
         slot = step % NCCL_STEPS
         size = int(conn.conn_fifo[slot])
         if size != -1 and send_ready(op, step, size):
-            req = nc.plugin.isend(nc.comm, _slot(op, step, size), size, 0, None)
+            if op.reg is None:
+                buf, mhandle = _slot(op, step, size), None
+            else:  # registered buffers: the step's slice of the user's buffer (getNextSendAddr)
+                buf, got, mhandle = op.reg.send(op.transmitted)
+                if got != size:
+                    raise ProxyError(f"registered send step {step}: the kernel moved {size} bytes, the ring's "
+                                     f"schedule says {got}")
+            req = nc.plugin.isend(nc.comm, buf, size, 0, mhandle)
             if req is not None:
                 op.requests[slot] = req
                 op.transmitted += op.slice_steps
@@ -124,10 +137,18 @@ def recv_proxy_progress(op: ProxyOp) -> bool:
     """``recvProxyProgress``: ``irecv`` into up to NCCL_STEPS slots ahead, hand each completed one to the kernel
     (``tail``), and count a slot done once the kernel's ``head`` has passed it."""
     nc, conn, progressed = op.nc, op.nc.conn, False
+    if op.reg is not None and not op.reg_ready:  # the user's buffer is ours once the kernel has started the
+        if conn.conn_fifo[op.base % NCCL_STEPS] == -1:  # call (it marks connFifo in NetRegMode: regBufferReady)
+            return False
+        op.reg_ready = True
     while op.posted < op.nsteps and op.posted < op.done + NCCL_STEPS:
         step = op.base + op.posted
-        size = op.step_size * op.slice_steps
-        req = nc.plugin.irecv(nc.comm, [_slot(op, step, size)], [size], [0], [None])
+        if op.reg is None:
+            size = op.step_size * op.slice_steps
+            buf, mhandle = _slot(op, step, size), None
+        else:  # registered buffers: straight into the user's buffer (getNextRecvAddr)
+            buf, size, mhandle = op.reg.recv(op.posted)
+        req = nc.plugin.irecv(nc.comm, [buf], [size], [0], [mhandle])
         if req is None:
             break
         op.requests[step % NCCL_STEPS] = req
@@ -139,6 +160,7 @@ def recv_proxy_progress(op: ProxyOp) -> bool:
         ok, got = nc.plugin.test(op.requests[slot])
         if ok:
             op.trace_step(op.base + op.received, got)
+            conn.conn_fifo[slot] = -1
             op.received += op.slice_steps
             op.transmitted = op.received  # no flush for host memory
             conn.tail[0] = op.base + op.transmitted

@@ -42,8 +42,12 @@ class ProxyError(RuntimeError):
 class ProxyOp:
     """``ncclProxyOp``: one connection's part of one collective, ``nsteps`` steps of ``proto``."""
 
-    def __init__(self, nc, proto: str, nsteps: int, slice_steps: int, chunk_steps: int, tracer=None, seq: int = 0):
+    def __init__(self, nc, proto: str, nsteps: int, slice_steps: int, chunk_steps: int, tracer=None, seq: int = 0,
+                 reg=None):
+        """``reg``: registered user buffers (``sub->reg``), the step -> address schedule the transport asks
+        (``register.RegisteredSteps``); None: the FIFO slots."""
         self.nc, self.proto, self.nsteps, self.slice_steps = nc, proto, nsteps, slice_steps
+        self.reg, self.reg_ready = reg, False
         self.protocol = PROTOCOLS[proto]
         self.tracer, self.seq = tracer, seq
         self.chunk_steps = chunk_steps

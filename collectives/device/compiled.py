@@ -39,8 +39,8 @@ from tracing import debug
 from . import ll_compiled, simple_compiled
 from .compiled_common import (CANON, CLEAN_MASK, COLS, DESC_COLS, DESC_ROWS, DONE, END, FIFO, FIRST, FLAG_MOD,
                               HEADER, IS_FLOAT, LL128, MAX_IDLE, MISMATCH, MOVES, MY_DESC, NCH, OPCODE, PC, PDESC, PROG,
-                              PRIM, PRIMS, R_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, RHEAD, RSTAGE, RSTEP_W, RTAIL, RWORDS,
-                              S_DOORBELL, S_HEADSLEEP, S_TAILSLEEP, SHEAD, SLEEPS, SPC, SPS, SSTAGE, SSTEP_W, STAIL,
+                              PRIM, PRIMS, R_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, RHEAD, RREG, RSTAGE, RSTEP_W, RTAIL,
+                              RWORDS, S_DOORBELL, SREG, S_HEADSLEEP, S_TAILSLEEP, SHEAD, SLEEPS, SPC, SPS, SSTAGE, SSTEP_W, STAIL,
                               STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, WSTEP, YIELDS)
 from .reduce_copy import CANONICAL_NAN, OPS
 
@@ -129,6 +129,8 @@ class Compiled:
         self.prog = np.ascontiguousarray(np.concatenate(progs), np.int64)
         self.channels = [channels[w.channel] for w in plan.works]
         self.keep = [self.prog]  # everything whose address is in ctl stays alive as long as this object
+        self.rfifo: list[int] = []  # per channel: its NET receive's connFifo (0: not NET)
+        self.registered = False
         ctl = self.ctl = np.zeros(HEADER + COLS * len(self.channels), np.int64)
         addr = lambda a: self.keep.append(a) or futex.address(a)  # noqa: E731
         first = 0
@@ -149,6 +151,7 @@ class Compiled:
                 addr(rc.head_sleep), addr(rc.tail_sleep), addr(rc.doorbell), addr(sc.head_sleep), addr(rc.step_word),
                 addr(sc.step_word)]
             row[FIFO] = addr(sc.conn_fifo) if sc.conn_fifo is not None else 0  # proxied (NET): tell the proxy
+            self.rfifo.append(addr(rc.conn_fifo) if rc.proxy_conn is not None else 0)  # NetRegMode marks it
             row[PDESC] = addr(page.desc) if page is not None else 0  # a remote peer has no page to compare
             row[FIRST], row[END] = first, first + len(prog)
             first += len(prog)
@@ -166,6 +169,16 @@ class Compiled:
         ctl = self.ctl
         ctl[OPCODE], ctl[MAX_IDLE], ctl[SLEEPS], ctl[YIELDS], ctl[MOVES] = opcode, max_idle, sleeps, yields, 0
         return self.kernel(ctl, inp, out, sig)  # the kernel copies sig into ctl: a numpy slice copy costs more here
+
+    def net_reg(self, on: bool) -> None:
+        """This call uses registered buffers (``register.py``): NetRegMode on each channel's NET peers (Simple)."""
+        if on == self.registered:
+            return
+        self.registered = on
+        for c, ch in enumerate(self.channels):
+            row = self.row(c)
+            row[RREG] = self.rfifo[c] if on else 0
+            row[SREG] = on and ch.send.proxy_conn is not None
 
     def resume(self, inp: np.ndarray, out: np.ndarray) -> int:
         return self.kernel(self.ctl, inp, out, self.ctl[:0])

@@ -26,10 +26,11 @@ DESC_ROWS, DESC_COLS = SIG + 6, SIG + 7
 SLEEPS, YIELDS, SPC, SPS, LL128, MOVES = (DESC_COLS + k for k in range(1, 7))
 HEADER = 24
 # One row per channel: addresses first (RWORDS/SWORDS: the protocol's FIFOs), then where the channel stands.
+# RREG / SREG (Simple): registered buffers on this channel's NET receive (the address of its connFifo) / send (1).
 (RWORDS, SWORDS, SHEAD, RHEAD, RSTAGE, SSTAGE, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, FIFO, PDESC, RSTEP_W,
  SSTEP_W, FIRST, END, PC, LINES, RSTEP, SSTEP, CHECKED, WAIT, WSTEP, CREDIT, R_TAILSLEEP, R_DOORBELL,
- S_HEADSLEEP, RTAIL, STAIL, SLICE) = range(29)
-COLS = 29
+ S_HEADSLEEP, RTAIL, STAIL, SLICE, RREG, SREG) = range(31)
+COLS = 31
 WAIT_HEAD, WAIT_FLAG, WAIT_MISMATCH, WAIT_TAIL = 1, 2, 3, 4
 DONE, BLOCKED, MISMATCH = 0, 1, 2
 PRIMS = ["send", "send_from_output", "copy_send", "recv", "recv_reduce_send", "recv_reduce_copy",

@@ -38,37 +38,40 @@ RING: dict[str, tuple[Callable, Callable]] = {
 
 
 def primitives(kernel, proto: str, channel: int, recv, send, sendbuff, recvbuff, redop, chunk_steps: int,
-               slice_steps: int, group: int = 0):
+               slice_steps: int, group: int = 0, net_reg: bool = False):
     """NCCL's ``Primitives<T, RedOp, Fan, Direct, Proto>`` constructor: Simple takes its slices per chunk and steps
-    per slice; LL and LL128 move one step a call."""
+    per slice (and ``net_reg``, registered buffers: ``NetRegMode`` on its NET peers); LL and LL128 move one step a
+    call."""
     if proto == "Simple":
         return PrimitivesSimple(kernel, channel, recv, send, sendbuff, recvbuff, redop, chunk_steps // slice_steps,
-                                slice_steps, group)
+                                slice_steps, group, net_reg)
     return PRIMITIVES[proto](kernel, channel, recv, send, sendbuff, recvbuff, redop, group)
 
 
 def run_plan(kernel, task, channels: list, nranks: int, sendbuff, recvbuff, compiled, conns, health,
-             in_place: bool) -> None:
+             in_place: bool, net_reg: dict | None = None) -> None:
     """``ncclLaunchKernel`` for one task: hand the proxy its ops (``ncclProxySaveOp``: ``task.counts`` is
     [(connector, steps)]), run every channel's work (``compiled``: the task's ``compiled.Compiled`` form instead of the
     primitives), then wait until the proxy has handed this collective's last sends to the network
-    (``conns.wait_sent``: a Python proxy cannot send while the caller's next C call keeps the GIL)."""
+    (``conns.wait_sent``: a Python proxy cannot send while the caller's next C call keeps the GIL).  ``net_reg``:
+    the call uses registered buffers (``register.ring_algos``: each NET connector's step addresses)."""
     plan = task.plan
     proxy_ops = []
     if task.counts:
         proxy_ops = conns.save_ops(task.counts, plan.proto, task.slice_steps, task.chunk_steps, kernel.tracer,
-                                   kernel.op_count)
+                                   kernel.op_count, net_reg)
     if compiled is not None:
+        compiled.net_reg(net_reg is not None)
         compiled_ring.run(kernel, compiled, sendbuff, recvbuff, task.op, task.sig)
     else:
         kernel.run(channel_works(kernel, plan, channels, nranks, sendbuff, recvbuff, task.redop, task.root, in_place,
-                                 task.chunk_steps, task.slice_steps))
+                                 task.chunk_steps, task.slice_steps, net_reg is not None))
     if proxy_ops:
         kernel.run([conns.wait_sent(kernel, proxy_ops)])
 
 
 def channel_works(kernel, plan, channels: list, nranks: int, sendbuff, recvbuff, redop, root: int, in_place: bool,
-                  chunk_steps: int, slice_steps: int) -> list[Iterator]:
+                  chunk_steps: int, slice_steps: int, net_reg: bool = False) -> list[Iterator]:
     """Every thread group of every channel of ``plan``, as generators for ``Kernel.run``."""
     works = []
     for w in plan.works:
@@ -77,7 +80,7 @@ def channel_works(kernel, plan, channels: list, nranks: int, sendbuff, recvbuff,
             works += _tree_works(kernel, ch, w, plan.proto, sendbuff, recvbuff, redop)
             continue
         prims = primitives(kernel, plan.proto, ch.id, ch.recv, ch.send, sendbuff, recvbuff, redop, chunk_steps,
-                           slice_steps)
+                           slice_steps, net_reg=net_reg)
         run, locate = RING[plan.func]
         if kernel.tracer is not None:
             prims.locate = locate(w, nranks, sendbuff.itemsize, ch.ring.user_ranks[0])

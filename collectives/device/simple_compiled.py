@@ -9,9 +9,11 @@ stepSize * StepPerSlice / 32)``): the receiver waits for ``tail >= step + StepPe
 is reduced straight between the user buffers and the FIFO slots (``fn(local, peer)``, then stored to the output
 and the send slot); then ``step += StepPerSlice``, the receiver stores it into ``head`` and the sender into the
 peer's ``tail``, after the data.  Empty trailing slices still wait and post.  Each connection's step starts
-rounded up to ``SlicePerChunk * StepPerSlice``, and the receiver returns the skipped credit at once.  Same memory,
-counters and summation order as the readable path, so results are bitwise its results
-(``tests/test_simple_compiled.py``).
+rounded up to ``SlicePerChunk * StepPerSlice``, and the receiver returns the skipped credit at once.  With
+registered buffers on a NET peer (``NetRegMode``: ``ctl`` row's RREG/SREG, see ``prims_simple``'s docstring) the
+peer's slice is read from the output and what goes to it is left there for the proxy.  Same memory, counters and
+summation order as the readable path, so results are bitwise its results (``tests/test_simple_compiled.py``,
+``tests/test_net_reg.py``).
 """
 from __future__ import annotations
 
@@ -21,8 +23,8 @@ import numpy as np
 from collectives.include.device import NCCL_STEPS
 
 from .compiled_common import (CANON, CHECKED, CONTINUE, DST, END, FIFO, FROM_OUT, IS_FLOAT, MISMATCH, NCH, NELEM,
-                              OPCODE, PC, PROG, REC, RHEAD, RSTEP, RTAIL, RWORDS, R_HEADSLEEP, SHEAD, SLICE, SND, SPC,
-                              SPS, SRC, SSTEP, STAIL, STEP_BYTES, SWORDS, S_TAILSLEEP, WAIT, WAIT_HEAD, WAIT_MISMATCH,
+                              OPCODE, PC, PROG, REC, RHEAD, RREG, RSTEP, RTAIL, RWORDS, R_HEADSLEEP, SHEAD, SLICE,
+                              SND, SPC, SPS, SREG, SRC, SSTEP, STAIL, STEP_BYTES, SWORDS, S_TAILSLEEP, WAIT, WAIT_HEAD, WAIT_MISMATCH,
                               WAIT_TAIL, begin, copy, end_round, fence, new_wait, peer_runs_same_call, ptr,
                               reduce_slice, row, save_steps, u32, u64, wait_on, wake)
 
@@ -52,7 +54,10 @@ def run_ops(ctl, inp, out, start_sig):
     if len(start_sig) > 0:
         begin(ctl, start_sig, spc * sps)  # published before any data moves; steps rounded up to a chunk
         for c in range(nch):
-            _post_head(row(ctl, c))  # the credit of the steps skipped
+            st = row(ctl, c)
+            if st[RREG]:  # NetRegMode: the call has started, the proxy may write into the user's buffer
+                numba.carray(ptr(st[RREG]), NCCL_STEPS, np.int64)[st[RSTEP] % NCCL_STEPS] = 0
+            _post_head(st)  # the credit of the steps skipped
     fence()
     w = new_wait()
     while True:
@@ -64,6 +69,7 @@ def run_ops(ctl, inp, out, start_sig):
             rbuf = numba.carray(ptr(st[RWORDS]), NCCL_STEPS * step_elems, out.dtype)
             sbuf = numba.carray(ptr(st[SWORDS]), NCCL_STEPS * step_elems, out.dtype)
             rtail, shead = u64(st[RTAIL]), u64(st[SHEAD])
+            rreg, sreg = st[RREG] != 0, st[SREG] != 0
             while st[PC] < st[END]:
                 op = prog[st[PC]]
                 recv, send, src, dst, nelem, from_out = op[REC], op[SND], op[SRC], op[DST], op[NELEM], op[FROM_OUT]
@@ -90,14 +96,29 @@ def run_ops(ctl, inp, out, start_sig):
                     if real > 0:  # reduceCopy: to the output if any, else to the send slot; then the other
                         r0 = (st[RSTEP] % NCCL_STEPS) * step_elems
                         s0 = (st[SSTEP] % NCCL_STEPS) * step_elems
-                        if dst >= 0:
-                            reduce_slice(out, dst + offset, inp, out, rbuf, src + offset, r0, recv, src >= 0, from_out,
-                                   real, opcode, is_float, canon)
-                            if send:
-                                copy(sbuf, s0, out, dst + offset, real)
-                        else:
-                            reduce_slice(sbuf, s0, inp, out, rbuf, src + offset, r0, recv, src >= 0, from_out, real,
-                                   opcode, is_float, canon)
+                        # NetRegMode: the peer's slice is in the output at the chunk's offset, and a registered
+                        # send leaves its slice there (or in the input) for the proxy; no slot is touched
+                        at = (src if src >= 0 else dst) + offset
+                        peer_in_out = recv and rreg
+                        in_output = peer_in_out and src < 0  # nothing to reduce: it already sits at ``at``
+                        to_slot = send and not sreg
+                        if (dst >= 0 or (recv and send and sreg)) and not in_output:
+                            d = dst + offset if dst >= 0 else at
+                            if peer_in_out:
+                                reduce_slice(out, d, inp, out, out, src + offset, at, recv, src >= 0, from_out,
+                                             real, opcode, is_float, canon)
+                            else:
+                                reduce_slice(out, d, inp, out, rbuf, src + offset, r0, recv, src >= 0, from_out,
+                                             real, opcode, is_float, canon)
+                            if to_slot:
+                                copy(sbuf, s0, out, d, real)
+                        elif to_slot:
+                            if peer_in_out:
+                                reduce_slice(sbuf, s0, inp, out, out, src + offset, at, recv, src >= 0, from_out,
+                                             real, opcode, is_float, canon)
+                            else:
+                                reduce_slice(sbuf, s0, inp, out, rbuf, src + offset, r0, recv, src >= 0, from_out,
+                                             real, opcode, is_float, canon)
                     if recv:
                         st[RSTEP] += sps
                         _post_head(st)

@@ -52,7 +52,9 @@ def irecv(comm, bufs: list, sizes: list, tags: list, mhandles: list):
         req.events += 1
     mr = mhandles[0] if mhandles[0] is not None else comm.mrs.lookup(bufs[0])
     elem = comm.elems[slot]
-    elem["addr"][0], elem["size"][0], elem["nreqs"][0], elem["tag"][0] = address_of(bufs[0]), sizes[0], n, tags[0]
+    # an empty view has no address: NCCL's empty slices of a registered buffer point at its base
+    elem["addr"][0], elem["size"][0], elem["nreqs"][0], elem["tag"][0] = address_of(bufs[0]) or mr.buf, sizes[0], n, \
+        tags[0]
     elem["rkeys"][0, 0] = mr.rkey
     elem["idx"][0] = comm.fifo_head + 1
     post_fifo(comm, req, slot)

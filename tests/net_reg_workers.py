@@ -1,0 +1,154 @@
+"""Rank workers for tests/test_net_reg.py (registered user buffers over NET), run by conftest.run_ranks."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+import collectives
+from collectives.device import compiled as compiled_ring
+from collectives.device.reduce_copy import DTYPES
+from collectives.perf.colls import BY_CLI
+from workers import independent_config, inputs_for, poisoned, rank0, same
+
+POISON = 0xA5
+
+
+def _net_fifos(comm) -> list[np.ndarray]:
+    """The Simple FIFOs of every NET connector of the rings (the ones a registered call must not touch)."""
+    return [c.buffs["Simple"] for ch in comm.channels for c in (ch.send, ch.recv) if c.proxy_conn is not None]
+
+
+def _poison_fifos(comm) -> None:
+    for f in _net_fifos(comm):
+        f[:] = POISON
+
+
+def _fifos_untouched(comm) -> bool:
+    return all(bool(np.all(f == POISON)) for f in _net_fifos(comm))
+
+
+def _one_call(comm, seed: int, dtype: str, op: str, count: int, in_place: bool, reg_send: bool = True,
+              reg_recv: bool = True):
+    """One AllReduce with fresh inputs and a poisoned output, registered as asked; checked bitwise against the
+    reference.  Returns whether the NET FIFOs stayed untouched."""
+    n, r = comm.nranks, comm.rank
+    dt = DTYPES[dtype]
+    xs = inputs_for(seed, n, count, dt)
+    out = poisoned(count, dt)
+    send = out if in_place else xs[r].copy()
+    if in_place:
+        send[...] = xs[r]
+    handles = []
+    if reg_send:
+        handles.append(comm.register(send))
+    if reg_recv and not (in_place and reg_send):
+        handles.append(comm.register(out))
+    _poison_fifos(comm)
+    got = comm.all_reduce(send, out=out, op=op)
+    untouched = _fifos_untouched(comm)
+    coll = BY_CLI["allreduce"]
+    want = coll.reference(xs, r, op, -1, **independent_config(comm, "AllReduce", count, dt))
+    same(got, want, f"rank {r}: registered AllReduce {dtype} {op} count={count} in_place={in_place} "
+                    f"{compiled_ring.SWITCHES['Simple']}={os.environ.get(compiled_ring.SWITCHES['Simple'], '1')}")
+    for h in handles:
+        comm.deregister(h)
+    return untouched
+
+
+def registered(args: list[str]) -> None:
+    """Every type, op, count and placement, compiled then readable: bitwise, and no NET FIFO byte written."""
+    case = json.loads(args[0])
+    for mode in ("1", "0"):
+        os.environ[compiled_ring.SWITCHES["Simple"]] = mode
+        with collectives.Communicator(search_channels=case["channels"]) as comm:
+            comm._test_rings, comm._test_search_channels = None, case["channels"]  # for the reference's config
+            assert _net_fifos(comm), f"rank {comm.rank}: no NET connection to test"
+            seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+            for dtype in case["dtypes"]:
+                for op in case["ops"]:
+                    for count in case["counts"]:
+                        for in_place in (False, True):
+                            seed += 1
+                            untouched = _one_call(comm, seed, dtype, op, count, in_place)
+                            # in place NCCL does not use the registration (coll_reg.cc): the FIFOs carry it
+                            assert untouched != in_place, (f"rank {comm.rank}: registered {dtype} {op} "
+                                                           f"count={count} in_place={in_place} (compiled={mode}): "
+                                                           f"NET FIFOs {'un' if untouched else ''}touched")
+            ran = any(c is not None for t in comm._tasks.values() for c in t.compiled.values())
+            assert ran == (mode == "1"), f"rank {comm.rank}: compiled={mode} but compiled forms ran: {ran}"
+    print(f"rank {comm.rank} ok", flush=True)
+
+
+def fallbacks(args: list[str]) -> None:
+    """Where NCCL would not use the registration, the FIFOs carry the data; the bits are the same."""
+    case = json.loads(args[0])
+    with collectives.Communicator(search_channels=case["channels"]) as comm:
+        comm._test_rings, comm._test_search_channels = None, case["channels"]
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        for count in case["counts"]:
+            for dtype in case["dtypes"]:
+                seed += 10
+                assert _one_call(comm, seed, dtype, "sum", count, False)  # registered: the FIFOs stay as they were
+                assert not _one_call(comm, seed + 1, dtype, "avg", count, False)  # SumPostDiv: never registered
+                assert not _one_call(comm, seed + 2, dtype, "sum", count, False, reg_send=False)
+                assert not _one_call(comm, seed + 3, dtype, "sum", count, False, reg_recv=False)
+                assert not _one_call(comm, seed + 4, dtype, "sum", count, False, False, False)
+                # registered, then deregistered: the next call with the same arrays is not registered
+                dt = DTYPES[dtype]
+                send, out = np.ones(count, dt), np.zeros(count, dt)
+                h1, h2 = comm.register(send), comm.register(out)
+                h3 = comm.register(out)  # twice: one more reference, still registered after one deregister
+                comm.deregister(h1)
+                comm.deregister(h2)
+                h1 = comm.register(send)
+                _poison_fifos(comm)
+                comm.all_reduce(send, out=out)
+                assert _fifos_untouched(comm) and np.all(out == comm.nranks)
+                comm.deregister(h3)
+                _poison_fifos(comm)
+                comm.all_reduce(send, out=out)
+                assert not _fifos_untouched(comm) and np.all(out == comm.nranks)
+                comm.deregister(h1)
+    print(f"rank {comm.rank} ok", flush=True)
+
+
+def local_register_off(args: list[str]) -> None:
+    """NCCL_LOCAL_REGISTER=0: register returns None, deregister(None) is fine, and the FIFOs carry the data."""
+    case = json.loads(args[0])
+    with collectives.Communicator(search_channels=case["channels"]) as comm:
+        comm._test_rings, comm._test_search_channels = None, case["channels"]
+        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+        assert comm.register(np.zeros(4, np.float32)) is None
+        comm.deregister(None)
+        assert not _one_call(comm, seed, "float32", "sum", case["counts"][0], False)
+    print(f"rank {comm.rank} ok", flush=True)
+
+
+def bad_arguments(args: list[str]) -> None:
+    """One line each: a non-contiguous array, something that is not an array, an unknown or spent handle."""
+    with collectives.Communicator() as comm:
+        problems = []
+        for call in (lambda: comm.register(np.zeros((4, 4), np.float32)[:, 1]),
+                     lambda: comm.register(b"bytes"),
+                     lambda: comm.deregister(object())):
+            try:
+                call()
+                problems.append("accepted")
+            except (TypeError, ValueError) as exc:
+                assert "\n" not in str(exc), str(exc)
+        h = comm.register(np.zeros(8, np.float32))
+        comm.deregister(h)
+        try:
+            comm.deregister(h)
+            problems.append("deregistered twice")
+        except ValueError as exc:
+            assert "could not find handle" in str(exc), str(exc)
+        assert not problems, problems
+    print(f"rank {comm.rank} ok", flush=True)
+
+
+if __name__ == "__main__":
+    globals()[sys.argv[1]](sys.argv[2:])
