@@ -58,15 +58,21 @@ def _one_call(comm, seed: int, dtype: str, op: str, count: int, in_place: bool, 
     return untouched
 
 
+def _communicator(case: dict):
+    """A communicator of ``case``'s search channels, told what the reference needs to know, and a fresh seed."""
+    comm = collectives.Communicator(search_channels=case["channels"])
+    comm._test_rings, comm._test_search_channels = None, case["channels"]  # for the reference's config
+    return comm, rank0(comm, int.from_bytes(os.urandom(4), "little"))
+
+
 def registered(args: list[str]) -> None:
     """Every type, op, count and placement, compiled then readable: bitwise, and no NET FIFO byte written."""
     case = json.loads(args[0])
     for mode in ("1", "0"):
         os.environ[compiled_ring.SWITCHES["Simple"]] = mode
-        with collectives.Communicator(search_channels=case["channels"]) as comm:
-            comm._test_rings, comm._test_search_channels = None, case["channels"]  # for the reference's config
+        comm, seed = _communicator(case)
+        with comm:
             assert _net_fifos(comm), f"rank {comm.rank}: no NET connection to test"
-            seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
             for dtype in case["dtypes"]:
                 for op in case["ops"]:
                     for count in case["counts"]:
@@ -85,9 +91,8 @@ def registered(args: list[str]) -> None:
 def fallbacks(args: list[str]) -> None:
     """Where NCCL would not use the registration, the FIFOs carry the data; the bits are the same."""
     case = json.loads(args[0])
-    with collectives.Communicator(search_channels=case["channels"]) as comm:
-        comm._test_rings, comm._test_search_channels = None, case["channels"]
-        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+    comm, seed = _communicator(case)
+    with comm:
         for count in case["counts"]:
             for dtype in case["dtypes"]:
                 seed += 10
@@ -118,9 +123,8 @@ def fallbacks(args: list[str]) -> None:
 def local_register_off(args: list[str]) -> None:
     """NCCL_LOCAL_REGISTER=0: register returns None, deregister(None) is fine, and the FIFOs carry the data."""
     case = json.loads(args[0])
-    with collectives.Communicator(search_channels=case["channels"]) as comm:
-        comm._test_rings, comm._test_search_channels = None, case["channels"]
-        seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+    comm, seed = _communicator(case)
+    with comm:
         assert comm.register(np.zeros(4, np.float32)) is None
         comm.deregister(None)
         assert not _one_call(comm, seed, "float32", "sum", case["counts"][0], False)

@@ -39,6 +39,18 @@ def _post_head(st):
 
 
 @numba.njit(nogil=True, cache=True)
+def _reduce_from_peer(dst, d0, inp, out, rbuf, s0, r0, peer_in_out, at, recv, has_src, from_out, n, opcode,
+                      is_float, canon):
+    """``reduce_slice`` with the peer's slice from its FIFO slot at ``r0`` of ``rbuf``, or (``peer_in_out``,
+    NetRegMode) from the output at ``at``, where the proxy received it.  Two calls rather than one array chosen
+    at run time: the slot and the output then keep each their own (contiguous) type."""
+    if peer_in_out:
+        reduce_slice(dst, d0, inp, out, out, s0, at, recv, has_src, from_out, n, opcode, is_float, canon)
+    else:
+        reduce_slice(dst, d0, inp, out, rbuf, s0, r0, recv, has_src, from_out, n, opcode, is_float, canon)
+
+
+@numba.njit(nogil=True, cache=True)
 def run_ops(ctl, inp, out, start_sig):
     """Execute every channel's recorded calls, round-robin, until all are done (DONE), none has moved for
     ``MAX_IDLE`` rounds (BLOCKED: each channel's row says what it waits for), or a peer runs another call
@@ -104,21 +116,13 @@ def run_ops(ctl, inp, out, start_sig):
                         to_slot = send and not sreg
                         if (dst >= 0 or (recv and send and sreg)) and not in_output:
                             d = dst + offset if dst >= 0 else at
-                            if peer_in_out:
-                                reduce_slice(out, d, inp, out, out, src + offset, at, recv, src >= 0, from_out,
-                                             real, opcode, is_float, canon)
-                            else:
-                                reduce_slice(out, d, inp, out, rbuf, src + offset, r0, recv, src >= 0, from_out,
-                                             real, opcode, is_float, canon)
+                            _reduce_from_peer(out, d, inp, out, rbuf, src + offset, r0, peer_in_out, at, recv,
+                                              src >= 0, from_out, real, opcode, is_float, canon)
                             if to_slot:
                                 copy(sbuf, s0, out, d, real)
                         elif to_slot:
-                            if peer_in_out:
-                                reduce_slice(sbuf, s0, inp, out, out, src + offset, at, recv, src >= 0, from_out,
-                                             real, opcode, is_float, canon)
-                            else:
-                                reduce_slice(sbuf, s0, inp, out, rbuf, src + offset, r0, recv, src >= 0, from_out,
-                                             real, opcode, is_float, canon)
+                            _reduce_from_peer(sbuf, s0, inp, out, rbuf, src + offset, r0, peer_in_out, at, recv,
+                                              src >= 0, from_out, real, opcode, is_float, canon)
                     if recv:
                         st[RSTEP] += sps
                         _post_head(st)
