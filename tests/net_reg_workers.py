@@ -120,6 +120,40 @@ def fallbacks(args: list[str]) -> None:
     print(f"rank {comm.rank} ok", flush=True)
 
 
+def _ib_mrs_over(comm, array) -> list[int]:
+    """For each NET connection of the rings, how many cached IB memory regions cover ``array``."""
+    from collectives.misc.futex import address
+    begin, end = address(array), address(array) + array.nbytes
+    return [sum(e.start <= begin and end <= e.end for e in c.proxy_conn.comm.mrs.entries)
+            for ch in comm.channels for c in (ch.send, ch.recv) if c.proxy_conn is not None]
+
+
+def ib_deregister(args: list[str]) -> None:
+    """NET/IB: a registered call registers each buffer's MR on every NET connection; deregistering the last handle
+    releases them (``ncclIbDeregMr``), one handle of two keeps them, and a new registration registers anew."""
+    case = json.loads(args[0])
+    comm, seed = _communicator(case)
+    with comm:
+        count = case["counts"][0]
+        send, out = np.ones(count, np.float32), np.zeros(count, np.float32)
+        assert _net_fifos(comm), f"rank {comm.rank}: no NET connection to test"
+        for _ in range(2):  # the second time round: registered again after a full release
+            assert not any(_ib_mrs_over(comm, send) + _ib_mrs_over(comm, out)), "an MR before registering"
+            h_send, h_out, h_out2 = comm.register(send), comm.register(out), comm.register(out)
+            _poison_fifos(comm)
+            comm.all_reduce(send, out=out)
+            assert _fifos_untouched(comm) and np.all(out == comm.nranks), f"rank {comm.rank}: not registered"
+            assert all(m == 1 for m in _ib_mrs_over(comm, send) + _ib_mrs_over(comm, out)), \
+                (_ib_mrs_over(comm, send), _ib_mrs_over(comm, out))
+            comm.deregister(h_out)  # one of out's two handles: its MRs stay
+            assert all(m == 1 for m in _ib_mrs_over(comm, out)), _ib_mrs_over(comm, out)
+            comm.deregister(h_out2)
+            comm.deregister(h_send)
+            assert not any(_ib_mrs_over(comm, send) + _ib_mrs_over(comm, out)), \
+                (f"rank {comm.rank}: MRs left after deregister", _ib_mrs_over(comm, send), _ib_mrs_over(comm, out))
+    print(f"rank {comm.rank} ok", flush=True)
+
+
 def local_register_off(args: list[str]) -> None:
     """NCCL_LOCAL_REGISTER=0: register returns None, deregister(None) is fine, and the FIFOs carry the data."""
     case = json.loads(args[0])

@@ -8,6 +8,7 @@ reduces in the output, and no NET FIFO slot is written.
   readable, every op, odd counts, in and out of place, poisoned outputs: bitwise NCCL's order, NET FIFOs untouched;
 * where NCCL would not use the registration (in place, avg, an unregistered send buffer, ``NCCL_LOCAL_REGISTER=0``, a
   deregistered buffer) the FIFOs carry the data and the bits are the same;
+* over NET/IB, deregistering the last handle releases the buffer's memory regions on every connection;
 * bad arguments get one line.
 """
 import random
@@ -92,6 +93,12 @@ def test_where_nccl_would_not_use_the_registration_the_fifos_carry_it():
     assert _oks(proc) == 4, proc.stdout
     log = proc.stdout + proc.stderr
     assert "NCCL INFO register comm" in log and "NET register userbuff" in log, log[-3000:]
+
+
+def test_ib_deregister_releases_the_memory_regions():
+    proc = run_ranks(2, "ib_deregister", _case(2, counts=[65_537]), nodes=2, script="net_reg_workers.py",
+                     env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_BUFFSIZE": "65536", **IB})
+    assert _oks(proc) == 2, proc.stdout
 
 
 def test_local_register_off_skips_it():

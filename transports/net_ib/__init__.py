@@ -57,6 +57,9 @@ class IbNet(NetPlugin):
         from .reg import address_of
         return comm.mrs.reg(address_of(buf), len(buf), owner=buf)
 
+    def dereg_mr(self, comm, mhandle) -> None:
+        comm.mrs.dereg(mhandle)
+
     def isend(self, send_comm, buf: memoryview, size: int, tag: int, mhandle):
         return p2p.isend(send_comm, buf, size, tag, mhandle)
 
