@@ -11,8 +11,16 @@ receives into the user's buffers at the addresses ``ring_algo.RingAR`` gives for
 ``simple_compiled.py``).  Every other call, and every SHM or P2P connection, uses the FIFOs as before.
 
 Like NCCL, registration is skipped in place (the peer's partial sum would land on the input still to be added),
-for avg (``ncclDevSumPostDiv``), with ``NCCL_LOCAL_REGISTER=0``, and unless the send buffer is registered too.  Deliberate difference: NCCL also needs GPUDirect RDMA (``useGdr``)
-for the NIC to reach GPU memory; our buffers are host memory, which any NIC reaches.
+for avg (``ncclDevPreMulSum``, ``ncclDevSumPostDiv``), with ``NCCL_LOCAL_REGISTER=0``, and unless the receive
+buffer is registered; and, as NCCL's ring has a NET send on some channel whenever it has a NET receive, unless the
+send buffer is registered too.  A NET send connection registers both buffers, a NET receive only the output.
+
+Deliberate differences:
+* NCCL also needs GPUDirect RDMA (``useGdr``) for the NIC to reach GPU memory, and ``ncclRegister`` skips
+  host-backed memory; our buffers are host memory, which any NIC reaches.
+* NCCL page-aligns a registration and finds any range inside it; ``register`` counts a reference only for the
+  very same range (a range inside another is a registration of its own), and ``find`` looks inside as NCCL does.
+* NCCL also registers Ring AllGather/Broadcast, Tree, CollNet and NVLS buffers; here only Ring AllReduce.
 """
 from __future__ import annotations
 
@@ -97,6 +105,8 @@ class Registry:
         """``ncclRegisterCollBuffers`` for a Ring AllReduce: (send registration, receive registration) when this
         call takes the NET registered path, else None."""
         plan = task.plan
+        # avg: NCCL leaves PreMulSum and SumPostDiv out; here it is needed too, as PreMulSum's reduce_copy writes
+        # the scaled input into the output before it reads the peer's slice, which in NetRegMode lies there
         if not self.regs or plan.algo != "Ring" or plan.proto != "Simple" or task.func != "AllReduce" \
                 or task.op == "avg" or not task.counts or not local_register():
             return None
@@ -104,7 +114,7 @@ class Registry:
             return None
         rreg = self.find(address(recv), recv.nbytes)
         sreg = self.find(address(send), send.nbytes)
-        if rreg is None or sreg is None:  # NCCL needs the send buffer too once a ring send goes through NET
+        if rreg is None or sreg is None:  # NCCL: the input too once a ring step is sent through NET (nNodes > 1)
             return None
         return sreg, rreg
 
@@ -134,9 +144,9 @@ class Registry:
 
 
 def ring_algos(registry: Registry, regs: tuple, plan, channels: list, nranks: int, send: np.ndarray,
-               recv: np.ndarray, slice_steps: int, chunk_steps: int) -> dict:
+               recv: np.ndarray, slice_steps: int, chunk_steps: int) -> dict | None:
     """``addCollToPlan``'s ``new RingARAlgorithm`` per channel: {id(connector): the proxy's view of the step
-    addresses} for each NET connector of the ring (``RegisteredSteps``)."""
+    addresses} for each NET connector of the ring (``RegisteredSteps``), or None when the ring has none."""
     sreg, rreg = regs
     esize = send.itemsize
     views = {"send": memoryview(send.reshape(-1).view(np.uint8)), "recv": memoryview(recv.reshape(-1).view(np.uint8))}
@@ -146,13 +156,15 @@ def ring_algos(registry: Registry, regs: tuple, plan, channels: list, nranks: in
         step_bytes = ch.send.step_size("Simple")
         algo = RingAR(ch.ring.index, nranks, chunk_steps, slice_steps, w.chunk_count * esize,
                       step_bytes * slice_steps, w.part_offset * esize, w.part_count * esize, esize)
-        for conn in (ch.send, ch.recv):
+        # as ncclRegisterCollBuffers: a NET send registers both buffers (a ring step sends from the input or
+        # from the output), a NET receive only the output it lands in
+        for conn, bufs in ((ch.send, {"send": sreg, "recv": rreg}), (ch.recv, {"recv": rreg})):
             nc = conn.proxy_conn
             if nc is None:
                 continue
-            handles = {"recv": registry.mhandle(rreg, nc), "send": registry.mhandle(sreg, nc)}
+            handles = {which: registry.mhandle(reg, nc) for which, reg in bufs.items()}
             out[id(conn)] = RegisteredSteps(algo, views, handles)
-    return out
+    return out or None  # no NET connection on any channel: nothing registered runs, the FIFOs carry it all
 
 
 class RegisteredSteps:

@@ -9,7 +9,7 @@ bytes from slot ``step % NCCL_STEPS``: it works out from the step number alone w
 where the kernel reduced it.  Receives all land in the receive buffer, at the chunk the kernel will read next.
 
 Offsets and sizes are in bytes, relative to the whole buffers (the channel's ``gridOffset`` included).  Empty
-slices (past the end of a short chunk) have size 0 and NCCL's base address.
+slices (past the end of a short chunk) have size 0 and NCCL's base address (a send's: the send buffer's).
 """
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ class RingAR:
         stage = step % self.steps_per_loop // self.chunk_steps
         chunk = (self.ring_index + self.nranks - 1 - stage % self.nranks) % self.nranks
         offset, size = self._slice(step, chunk)
-        return ("send" if stage == 0 else "recv"), offset, size
+        return ("send" if stage == 0 or size == 0 else "recv"), offset, size  # an empty slice: the send buffer
 
     def recv_addr(self, step: int) -> tuple[str, int, int]:
         """``getNextRecvAddr``: ("recv", byte offset, size) of receive step ``step``.  The stage is counted one

@@ -34,7 +34,8 @@ def test_soak_short():
                           timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert re.search(r"soak: \d+ collectives on 4 ranks, \d+ communicators, .*: 0 wrong, 0 hangs", proc.stdout)
-    assert int(re.search(r"soak: (\d+) collectives", proc.stdout).group(1)) >= 50
+    # a floor that the soak did work, not a speed: CI's slower machine fit 17 collectives in 35 s
+    assert int(re.search(r"soak: (\d+) collectives", proc.stdout).group(1)) >= 10
 
 
 def test_soak_ranks_stop_together_whatever_their_clocks():

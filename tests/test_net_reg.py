@@ -58,6 +58,8 @@ def test_ring_algo_gives_the_addresses_run_ring_moves(nranks):
                 assert size == n * esize, (sent, size, n)
                 if n:
                     assert (which, at) == ("send" if from_input else "recv", off * esize), (sent, which, at, off)
+                else:  # getNextSendAddr: an empty slice at the send buffer's base
+                    assert (which, at) == ("send", part_offset * esize), (sent, which, at)
                 sent += 1
             if recv:
                 which, at, size = algo.recv_addr(recvd * slice_steps)

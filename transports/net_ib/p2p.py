@@ -52,7 +52,8 @@ def irecv(comm, bufs: list, sizes: list, tags: list, mhandles: list):
         req.events += 1
     mr = mhandles[0] if mhandles[0] is not None else comm.mrs.lookup(bufs[0])
     elem = comm.elems[slot]
-    # an empty view has no address: NCCL's empty slices of a registered buffer point at its base
+    # an empty view has no address: NCCL's empty slice of a registered buffer points at the channel's start of
+    # it (recvbuff + gridOffset); for 0 bytes any address inside the MR does, so we give the MR's base
     elem["addr"][0], elem["size"][0], elem["nreqs"][0], elem["tag"][0] = address_of(bufs[0]) or mr.buf, sizes[0], n, \
         tags[0]
     elem["rkeys"][0, 0] = mr.rkey
