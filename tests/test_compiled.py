@@ -54,6 +54,26 @@ def test_compiled_waits_of_oversubscribed_ranks_leave_no_sleep_mark():
     assert proc.stdout.count(" ok ") == 3, proc.stdout
 
 
+def test_a_mark_set_on_tail_is_taken_back_after_the_channel_moved_on_to_head():
+    """Regression (CI, Simple with 4 KiB FIFOs): a call armed on its tail's mark, moved, and by then waited for
+    head; taking the mark back looked up the wait's word again and cleared head's, so tail's stayed set."""
+    ctl = np.zeros(compiled_common.HEADER + compiled_common.COLS, np.int64)
+    words = {k: np.zeros(1, np.uint64 if k in ("head", "tail") else np.uint32) for k in
+             ("head", "tail", "head_mark", "tail_mark")}
+    st = ctl[compiled_common.HEADER:]
+    for col, k in ((compiled_common.SHEAD, "head"), (compiled_common.RTAIL, "tail"),
+                   (compiled_common.S_HEADSLEEP, "head_mark"), (compiled_common.R_TAILSLEEP, "tail_mark")):
+        st[col] = words[k].ctypes.data
+    ctl[compiled_common.NCH], ctl[compiled_common.MAX_IDLE], ctl[compiled_common.SLEEPS] = 1, 1, 1
+    st[compiled_common.END], st[compiled_common.WAIT] = 1, compiled_common.WAIT_TAIL
+    w = compiled_common.new_wait()
+    assert not compiled_common.blocked(ctl, 1, w)  # idle long enough: mark tail's line, look once more
+    assert words["tail_mark"][0] == 1 and words["head_mark"][0] == 0
+    st[compiled_common.WAIT] = compiled_common.WAIT_HEAD  # the data came: now it waits for credit
+    compiled_common.moved(ctl, w)
+    assert words["tail_mark"][0] == 0 and words["head_mark"][0] == 0
+
+
 @pytest.mark.parametrize("proto", ["LL", "Simple"])
 def test_mismatch_is_still_named_on_the_compiled_path(proto):
     t0 = time.monotonic()

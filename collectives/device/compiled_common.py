@@ -149,39 +149,39 @@ def _wait_words(ctl, c):
 
 
 @numba.njit(nogil=True, cache=True)
-def _arm(ctl, c):
-    """``Kernel._arm``: remember the word's value, then mark its line sleeping; the caller looks once more."""
+def _arm(ctl, c, w):
+    """``Kernel._arm``: remember the word's value and the mark, then mark its line sleeping; the caller looks
+    once more."""
     word, mark = _wait_words(ctl, c)
-    value = u32(word)[0]
+    w[ARMED], w[ARMED_VALUE], w[ARMED_WORD], w[ARMED_MARK] = c, u32(word)[0], word, mark
     u32(mark)[0] = np.uint32(1)
     fence()
-    return np.int64(value)
 
 
 @numba.njit(nogil=True, cache=True)
-def unarm(ctl, c):
-    word, mark = _wait_words(ctl, c)
-    u32(mark)[0] = np.uint32(0)
-    return -1
+def unarm(w):
+    """Take back the mark that was set, not the one the channel's wait names now: after a move it may wait on
+    the other side (tail, then head), and clearing that one left the first set (CI saw such a stale mark)."""
+    u32(w[ARMED_MARK])[0] = np.uint32(0)
+    w[ARMED] = -1
 
 
 @numba.njit(nogil=True, cache=True)
-def _sleep(ctl, c, value):
-    """``futex.wait``: block while the word still holds ``value``, for at most ``futex.SLEEP_NS``."""
-    word, _ = _wait_words(ctl, c)
+def _sleep(w):
+    """``futex.wait``: block while the armed word still holds its value, for at most ``futex.SLEEP_NS``."""
     ts = np.empty(2, np.int64)
     ts[0], ts[1] = 0, futex.SLEEP_NS
-    _syscall(_SYS_FUTEX, word, futex.FUTEX_WAIT, value, ts.ctypes.data, 0, 0)
+    _syscall(_SYS_FUTEX, w[ARMED_WORD], futex.FUTEX_WAIT, w[ARMED_VALUE], ts.ctypes.data, 0, 0)
 
 
 # The state of a blocked call's waiting, in a small int64 array: idle rounds, yields, sleeps, the armed channel
-# (-1: none) and the value it sleeps on.
-IDLE, YIELDED, SLEPT, ARMED, ARMED_VALUE = range(5)
+# (-1: none), the word it sleeps on, that word's value when armed, and the address of the mark it set.
+IDLE, YIELDED, SLEPT, ARMED, ARMED_VALUE, ARMED_WORD, ARMED_MARK = range(7)
 
 
 @numba.njit(nogil=True, cache=True)
 def new_wait():
-    w = np.zeros(5, np.int64)
+    w = np.zeros(7, np.int64)
     w[ARMED] = -1
     return w
 
@@ -193,7 +193,7 @@ def moved(ctl, w):
     ctl[MOVES] += 1
     w[IDLE], w[YIELDED], w[SLEPT] = 0, 0, 0
     if w[ARMED] >= 0:
-        w[ARMED] = unarm(ctl, w[ARMED])
+        unarm(w)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -208,7 +208,7 @@ def wait_on(ctl, st, kind, step):
 @numba.njit(nogil=True, cache=True)
 def done(ctl, w):
     if w[ARMED] >= 0:
-        w[ARMED] = unarm(ctl, w[ARMED])
+        unarm(w)
 
 
 CONTINUE = -1
@@ -247,15 +247,14 @@ def blocked(ctl, nch, w):
     if ctl[SLEEPS] == 0 or (w[ARMED] < 0 and w[SLEPT] >= ctl[SLEEPS]):
         return True
     if w[ARMED] >= 0:
-        _sleep(ctl, w[ARMED], w[ARMED_VALUE])
-        w[ARMED] = unarm(ctl, w[ARMED])
+        _sleep(w)
+        unarm(w)
         w[SLEPT] += 1
     elif w[YIELDED] < ctl[YIELDS]:
         w[YIELDED] += 1
         _sched_yield()
     else:
-        w[ARMED] = next_blocked(ctl, nch)
-        w[ARMED_VALUE] = _arm(ctl, w[ARMED])
+        _arm(ctl, next_blocked(ctl, nch), w)
     return False
 
 
