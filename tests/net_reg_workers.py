@@ -39,8 +39,6 @@ def _one_call(comm, seed: int, dtype: str, op: str, count: int, in_place: bool, 
     xs = inputs_for(seed, n, count, dt)
     out = poisoned(count, dt)
     send = out if in_place else xs[r].copy()
-    if in_place:
-        send[...] = xs[r]
     handles = []
     if reg_send:
         handles.append(comm.register(send))
@@ -51,6 +49,7 @@ def _one_call(comm, seed: int, dtype: str, op: str, count: int, in_place: bool, 
     # a few bytes of data can equal the poison by chance (CI once saw an int8 min of one element do so on two
     # ranks); a FIFO that kept the poison is looked at again with the complement (no byte equals both)
     for poison in (POISON, 0xFF ^ POISON) if out.nbytes <= 64 else (POISON,):
+        out[...] = poisoned(count, dt)  # every try starts from a poisoned output (in place: then the input)
         if in_place:
             send[...] = xs[r]
         _poison_fifos(comm, poison)
@@ -132,7 +131,7 @@ def _ib_mrs_over(comm, array, sides: tuple = ("send", "recv")) -> list[int]:
     from collectives.misc.futex import address
     begin, end = address(array), address(array) + array.nbytes
     return [sum(e.start <= begin and end <= e.end for e in c.proxy_conn.comm.mrs.entries)
-            for ch in comm.channels for side in sides for c in (getattr(ch, side),) if c.proxy_conn is not None]
+            for ch in comm.channels for c in [getattr(ch, side) for side in sides] if c.proxy_conn is not None]
 
 
 def ib_deregister(args: list[str]) -> None:
