@@ -49,7 +49,7 @@ from .rooted import GatherScatter
 from .split import SplitBootstrap, child_magic, split_info
 from .graph.p2p_schedule import P2pChannels, p2p_channels, p2p_schedule
 from .peers import exchange
-from .task import IN_PLACE_MATTERS, Task, compiled_form, in_place, new_task
+from .task import IN_PLACE_MATTERS, Launch, Task, compiled_form, in_place, new_task
 
 
 DESTROYED = "communicator was destroyed"  # what any call after destroy() raises (RuntimeError)
@@ -237,35 +237,71 @@ class Communicator(GatherScatter):
         if self._error:
             raise CollectiveError(f"communicator is in error state after: {self._error}")
 
-    def _launch(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> None:
-        """``ncclEnqueueCheck`` + ``ncclLaunchKernel`` for one collective (its ``Task`` is built on first use)."""
+    def _launch(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int
+                ) -> Launch | None:
+        """``ncclEnqueueCheck`` + ``ncclLaunchKernel`` for one collective.  Returns its prepared ``Launch`` (None
+        inside a group) for a caller that repeats the call on the same buffers (``_relaunch``)."""
         self._check()
-        if groups.depth():  # queued for the group's one plan (group_plan.py)
-            if self._gpu is not None:
-                raise NotImplementedError(f"{func} inside a group on --device {self.device.name}: only the CPU "
-                                          f"device plans groups")
-            group_plan.enqueue_coll(self, func, send, recv, count, op, root)
-            return groups.enqueue(self)
-        task = self._tasks.get((func, count, send.dtype, op, root))
+        if groups.depth():
+            return self._enqueue_grouped(func, send, recv, count, op, root)
+        launch = self._prepare(func, send, recv, count, op, root)
+        self._start(launch)
+        return launch
+
+    def _relaunch(self, launch: Launch) -> None:
+        """``launch`` again, on the same buffers (``api.all_reduce``'s repeated arrays): only what can change
+        between two calls is looked at again, the communicator's state and an open group."""
+        self._check()
+        if groups.depth():
+            return self._enqueue_grouped(launch.func, launch.send, launch.recv, launch.count, launch.op, launch.root)
+        self._start(launch)
+
+    def _enqueue_grouped(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> None:
+        """Inside a group: queued for the group's one plan (``group_plan.py``)."""
+        if self._gpu is not None:
+            raise NotImplementedError(f"{func} inside a group on --device {self.device.name}: only the CPU "
+                                      f"device plans groups")
+        group_plan.enqueue_coll(self, func, send, recv, count, op, root)
+        groups.enqueue(self)
+
+    def _prepare(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> Launch:
+        """What a call resolves to from its arguments alone: its ``Task`` (built on first use, kept by function,
+        count, type, op and root), whether it is in place, and its compiled form."""
+        key = (func, count, send.dtype, op, root)
+        task = self._tasks.get(key)
         if task is None:
             if len(self._tasks) > 4096:  # many distinct calls: start again rather than grow without bound
                 self._tasks.clear()
-            task = self._tasks[(func, count, send.dtype, op, root)] = new_task(self, func, count, send.dtype, op,
-                                                                               root)
+            task = self._tasks[key] = new_task(self, func, count, send.dtype, op, root)
         placed = in_place(func, self.rank, send, recv)
         compiled = compiled_form(task, self._compiled, placed, send, self.tracer is not None)
+        # Compiled on the CPU with nothing traced, logged or proxied around it: the call is the kernel alone.
+        direct = compiled is not None and self._gpu is None and self.tracer is None and not task.counts \
+            and not (self.rank == 0 and self._log_tuning) and not self._trace_coll and func not in IN_PLACE_MATTERS
+        return Launch(func, send, recv, count, op, root, task, placed, compiled, direct)
+
+    def _start(self, launch: Launch) -> None:
+        """Publish the call's signature, then run it; a failure puts the communicator in error."""
+        task, send, recv, compiled = launch.task, launch.send, launch.recv, launch.compiled
         self.health.publish(self.op_count, task.signature, task.sig, python=compiled is None)
         if self._log_coll:
-            debug.info("COLL", f"{func}: opCount {self.op_count:x} sendbuff {hex(address(send))} recvbuff "
-                               f"{hex(address(recv))} count {count} datatype {task.dtype_code} op {OPS[task.op]} "
-                               f"root {root} comm {hex(id(self))} [nranks={self.nranks}] stream 0x0")
+            debug.info("COLL", f"{task.func}: opCount {self.op_count:x} sendbuff {hex(address(send))} recvbuff "
+                               f"{hex(address(recv))} count {task.count} datatype {task.dtype_code} op "
+                               f"{OPS[task.op]} root {task.root} comm {hex(id(self))} [nranks={self.nranks}] "
+                               f"stream 0x0")
         try:
-            if count == 0:
+            if task.count == 0:
                 return  # NCCL returns before enqueueing anything
             if self.nranks == 1:  # ncclLaunchOneRank: a local reduce-copy applying the pre- and post-op
                 reduce_copy(task.redop, [send[:len(recv)]], [recv], pre_op=True, post_op=True)
                 return
-            self._run(task, send, recv, compiled, placed)
+            if launch.direct and not self._registry.regs:  # what _run and run_plan do for it, and nothing else
+                kernel = self._kernel
+                kernel.reset(self.op_count, task.func)
+                compiled.net_reg(False)
+                compiled_ring.run(kernel, compiled, send, recv, task.sig)
+            else:
+                self._run(task, send, recv, compiled, launch.placed)
         except CollectiveError as exc:
             self._error = str(exc)
             self._flush_trace()

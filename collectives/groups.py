@@ -18,24 +18,29 @@ import threading
 from dataclasses import dataclass
 from typing import Iterator
 
-_state = threading.local()  # NCCL's thread_local ncclGroupDepth and ncclGroupCommHead
+class _State(threading.local):
+    """NCCL's thread_local ``ncclGroupDepth`` and ``ncclGroupCommHead``: each thread starts at depth 0 with none
+    (the class attribute and ``__init__`` run per thread, so ``depth()`` is one attribute read on every call)."""
+    depth = 0
+
+    def __init__(self) -> None:
+        self.comms: list = []
+
+
+_state = _State()
 
 
 def _pending() -> list:
-    if not hasattr(_state, "comms"):
-        _state.depth, _state.comms = 0, []
     return _state.comms
 
 
 def depth() -> int:
     """``ncclGroupDepth``: how many group starts are open on this thread."""
-    _pending()
     return _state.depth
 
 
 def group_start() -> None:
     """``ncclGroupStart``: open a group (groups nest; only the outermost end launches)."""
-    _pending()
     _state.depth += 1
 
 

@@ -11,6 +11,7 @@ microseconds in C, ours would cost tens in Python.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,6 +55,22 @@ def new_task(comm, func: str, count: int, dtype: np.dtype, op: str, root: int) -
         if comm.conns is not None and comm.conns.proxied:
             task.counts = enqueue.proxy_steps(plan, comm.channels, comm.nranks, root, task.chunk_steps)
     return task
+
+
+class Launch(NamedTuple):
+    """One call resolved from its arguments (``Communicator._prepare``): the buffers, the task, whether it is in
+    place, its compiled form (None: the readable primitives) and whether that is all it runs.  Valid for as long as the same buffers are
+    passed again."""
+    func: str
+    send: np.ndarray
+    recv: np.ndarray
+    count: int
+    op: str
+    root: int
+    task: Task
+    placed: bool
+    compiled: object
+    direct: bool = False  # compiled, nothing traced, logged or proxied: ``_start`` runs the kernel alone
 
 
 def in_place(func: str, rank: int, send: np.ndarray, recv: np.ndarray) -> bool:

@@ -1,5 +1,7 @@
 """The public API in both forms: ours (keywords) and nccl4py's (buffers first), shapes kept, bad buffers refused
 with a message, and Reduce leaving a non-root rank's buffer as it was.  One rank, then a real 3-rank job."""
+import re
+
 import numpy as np
 import pytest
 
@@ -46,3 +48,10 @@ def test_bad_buffers_get_a_message(comm):
 
 def test_both_forms_across_ranks():
     run_ranks(3, "api_forms")
+
+
+def test_the_same_buffers_again_run_every_call_as_asked():
+    """A repeated call with the same arrays skips the checks and the task lookup, never what the call asks: the
+    op, in place, a group, a destroyed communicator (3 ranks, so the summation order matters)."""
+    proc = run_ranks(3, "repeated_buffers")
+    assert sorted(re.findall(r"rank \d ok", proc.stdout)) == ["rank 0 ok", "rank 1 ok", "rank 2 ok"], proc.stdout

@@ -381,6 +381,48 @@ def api_forms(args: list[str]) -> None:
     print(f"rank {r} ok", flush=True)
 
 
+def repeated_buffers(args: list[str]) -> None:
+    """The same two arrays call after call, as a training loop passes them (``api.all_reduce`` checks them once and
+    keeps the prepared launch): fresh inputs each call, bitwise NCCL's order; an op given or changed applies; in
+    place too; inside a group the call waits for ``group_end``; after ``destroy`` it raises."""
+    comm = collectives.Communicator()
+    n, r = comm.nranks, comm.rank
+    seed = rank0(comm, int.from_bytes(os.urandom(4), "little"))
+    ref = BY_CLI["allreduce"].reference
+    for count in (1, 7, 1001, 70001):  # LL at the small counts, Simple at the last (the cost model's choice)
+        kw = independent_config(comm, "AllReduce", count, np.float32)
+        x, out = np.empty(count, np.float32), poisoned(count, np.float32)
+        for i, op in enumerate((None, None, None, "max", "max", "sum", None, "prod", "min")):
+            xs = inputs_for(seed + i, n, count, np.float32)
+            x[...], out[...] = xs[r], poisoned(count, np.float32)
+            got = comm.all_reduce(x, out=out) if op is None else comm.all_reduce(x, out=out, op=op)
+            assert got is out
+            same(out, ref(xs, r, op or "sum", 0, **kw), f"rank {r}: repeat {i} count={count} op={op}")
+        for i in range(3):  # in place: the send buffer is the receive buffer
+            xs = inputs_for(seed + 50 + i, n, count, np.float32)
+            x[...] = xs[r]
+            comm.all_reduce(x, out=x)
+            same(x, ref(xs, r, "sum", 0, **kw), f"rank {r}: in-place repeat {i} count={count}")
+        comm.all_reduce(x, out=out)  # these two arrays again, so that the grouped call below is a repeat
+        xs = inputs_for(seed + 99, n, count, np.float32)
+        x[...], out[...] = xs[r], poisoned(count, np.float32)
+        collectives.group_start()
+        comm.all_reduce(x, out=out)
+        assert np.array_equal(bits(out), bits(poisoned(count, np.float32))), \
+            f"rank {r}: a repeated call inside a group ran before group_end"
+        collectives.group_end()
+        same(out, ref(xs, r, "sum", 0, **kw), f"rank {r}: grouped repeat count={count}")
+        seed += 1000
+    comm.destroy()
+    try:
+        comm.all_reduce(x, out=out)
+    except RuntimeError as exc:
+        assert "destroyed" in str(exc), exc
+    else:
+        raise AssertionError(f"rank {r}: a repeated call after destroy() ran")
+    print(f"rank {r} ok", flush=True)
+
+
 def edge_inputs(seed: int, n: int, count: int, dt) -> list[np.ndarray]:
     """Random inputs with the values where two implementations of an op part ways: NaN, +-0 and +-inf for
     floats, the full range for integers (overflow wraps).  The NaN is x86's default NaN (what inf - inf gives,

@@ -38,11 +38,11 @@ from tracing import debug
 
 from . import ll_compiled, simple_compiled
 from .compiled_common import (CANON, CLEAN_MASK, COLS, DESC_COLS, DESC_ROWS, DONE, END, FIFO, FIRST, FLAG_MOD,
-                              HEADER, IS_FLOAT, LL128, MAX_IDLE, MISMATCH, MOVES, MY_DESC, NCH, OPCODE, PC, PDESC, PROG,
+                              HEADER, IS_FLOAT, LL128, MAX_IDLE, MISMATCH, MOVES, MY_DESC, NCH, PC, PDESC, PROG,
                               PRIM, PRIMS, R_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, RHEAD, RREG, RSTAGE, RSTEP_W, RTAIL,
                               RWORDS, S_DOORBELL, SREG, S_HEADSLEEP, S_TAILSLEEP, SHEAD, SLEEPS, SPC, SPS, SSTAGE, SSTEP_W, STAIL,
                               STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, WSTEP, YIELDS)
-from .reduce_copy import CANONICAL_NAN, OPS
+from .reduce_copy import CANONICAL_NAN
 
 SUPPORTED = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float32,
                                    np.float64)}
@@ -131,6 +131,7 @@ class Compiled:
         self.keep = [self.prog]  # everything whose address is in ctl stays alive as long as this object
         self.rfifo: list[int] = []  # per channel: its NET receive's connFifo (0: not NET)
         self.registered = False
+        self.waits: tuple | None = None  # the wait policy last written to ctl (``run``)
         ctl = self.ctl = np.zeros(HEADER + COLS * len(self.channels), np.int64)
         addr = lambda a: self.keep.append(a) or futex.address(a)  # noqa: E731
         first = 0
@@ -161,14 +162,15 @@ class Compiled:
         ctl[LL128] = proto == "LL128"
         ctl[CANON] = np.array(CANONICAL_NAN.get(dtype.itemsize, 0), np.uint64).view(np.int64)
 
-    def run(self, inp: np.ndarray, out: np.ndarray, sig: np.ndarray, opcode: int, max_idle: int,
-            sleeps: int = 0, yields: int = 0) -> int:
-        """Start the call (publish ``sig``, load the step counters) and run it until done or blocked; ``sleeps``
-        > 0 (more ranks than cores): a blocked call yields ``yields`` times, then sleeps on what it waits for, up
-        to ``sleeps`` times before it returns."""
-        ctl = self.ctl
-        ctl[OPCODE], ctl[MAX_IDLE], ctl[SLEEPS], ctl[YIELDS], ctl[MOVES] = opcode, max_idle, sleeps, yields, 0
-        return self.kernel(ctl, inp, out, sig)  # the kernel copies sig into ctl: a numpy slice copy costs more here
+    def run(self, inp: np.ndarray, out: np.ndarray, sig: np.ndarray, waits: tuple) -> int:
+        """Start the call and run it until done or blocked: the kernel publishes ``sig`` (and takes the op from it)
+        and loads the step counters.  ``waits`` is ``WAITS``' policy, written to ``ctl`` when it changes: after
+        ``max_idle`` idle rounds a blocked call with ``sleeps`` > 0 (more ranks than cores) yields ``yields`` times,
+        then sleeps on what it waits for, up to ``sleeps`` times before it returns."""
+        if waits is not self.waits:
+            self.waits = waits
+            self.ctl[MAX_IDLE], self.ctl[SLEEPS], self.ctl[YIELDS] = waits
+        return self.kernel(self.ctl, inp, out, sig)  # the kernel copies sig into ctl: a numpy slice copy costs more here
 
     def net_reg(self, on: bool) -> None:
         """This call uses registered buffers (``register.py``): NetRegMode on each channel's NET peers (Simple)."""
@@ -240,17 +242,18 @@ class Cache:
 # on 2 cores, 8 B AllReduce over LL (benchmarks/allreduce_vs_mpi.py): yields 0: 346-395 us, 30: 318-379, 300:
 # 225-284, 1000: 103-286, 3000: 191-218; returning to Python after 2 idle rounds as before: 395-484.
 YIELDS_BEFORE_SLEEP, SLEEPS_EACH = 1000, 50
+# (max idle rounds, sleeps, yields) by (more ranks than cores, proxied connections).  A rank with proxied (NET)
+# connections comes back to Kernel.run after 2 idle rounds, whose poll moves the proxy's bytes (after 4096, each
+# NET hop of LL waited out the spin: docs/measured.md); it never waits inside.  With more ranks than cores and no
+# proxy it waits inside (see above); otherwise it spins 4096 rounds, then lets Kernel.run wait.
+WAITS = {(False, False): (4096, 0, 0), (True, False): (2, SLEEPS_EACH, YIELDS_BEFORE_SLEEP),
+         (False, True): (2, 0, 0), (True, True): (2, 0, 0)}
 
 
-def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, op: str, sig: np.ndarray) -> None:
+def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, sig: np.ndarray) -> None:
     """The kernel for one compiled call.  Most calls end in the first try; a blocked one lets ``Kernel.run`` wait
     between tries (yield or sleep, check the peers and the deadline, write the hang report)."""
-    # A rank with proxied (NET) connections comes back to Kernel.run after 2 idle rounds, whose poll moves the
-    # proxy's bytes (after 4096, each NET hop of LL waited out the spin: docs/measured.md);
-    # it never waits inside either.  Otherwise, with more ranks than cores, it waits inside (see above).
-    proxied = kernel.poll is not None
-    waits = (SLEEPS_EACH, YIELDS_BEFORE_SLEEP) if kernel.sleep and not proxied else ()
-    status = compiled.run(inp, out, sig, OPS[op], 2 if kernel.sleep or proxied else 4096, *waits)
+    status = compiled.run(inp, out, sig, WAITS[kernel.sleep, kernel.poll is not None])
     if status != DONE:  # (after SLEEPS_EACH sleeps) yield at once, sleep after 30 rounds
         kernel.run([_resume(kernel, compiled, inp, out, status)], *((0, 30) if kernel.sleep else ()))
 

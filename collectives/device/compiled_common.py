@@ -103,10 +103,11 @@ def publish(ctl, start_sig):
 
 @numba.njit(nogil=True, cache=True)
 def begin(ctl, start_sig, chunk_steps):
-    """A call starts: publish it, and put each channel at its first recorded call with its steps loaded from the
-    connections' counters, rounded up to ``chunk_steps`` (the primitives' constructor: Simple's ``roundUp``, 1 for
-    LL and LL128)."""
+    """A call starts: publish it, take its op from the signature, and put each channel at its first recorded call
+    with its steps loaded from the connections' counters, rounded up to ``chunk_steps`` (the primitives'
+    constructor: Simple's ``roundUp``, 1 for LL and LL128)."""
     publish(ctl, start_sig)
+    ctl[OPCODE], ctl[MOVES] = start_sig[4], 0  # the signature's op is ncclRedOp_t's code (reduce_copy.OPS)
     for c in range(ctl[NCH]):
         st = row(ctl, c)
         st[PC], st[LINES], st[SLICE], st[WAIT], st[CREDIT], st[CHECKED] = st[FIRST], 0, 0, 0, 0, st[PDESC] == 0

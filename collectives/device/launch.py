@@ -62,7 +62,7 @@ def run_plan(kernel, task, channels: list, nranks: int, sendbuff, recvbuff, comp
                                    kernel.op_count, net_reg)
     if compiled is not None:
         compiled.net_reg(net_reg is not None)
-        compiled_ring.run(kernel, compiled, sendbuff, recvbuff, task.op, task.sig)
+        compiled_ring.run(kernel, compiled, sendbuff, recvbuff, task.sig)
     else:
         kernel.run(channel_works(kernel, plan, channels, nranks, sendbuff, recvbuff, task.redop, task.root, in_place,
                                  task.chunk_steps, task.slice_steps, net_reg is not None))

@@ -45,6 +45,8 @@ def run_ops(ctl, inp, out, start_sig):
     ``MAX_IDLE`` rounds (BLOCKED: each channel's row says what it waits for), or a peer runs another call
     (MISMATCH).  ``start_sig`` (empty when resuming): the call's signature; publish it and load the step counters
     first.  ``ctl[LL128]``: the lines are LL128's (``prims_ll128.h``) rather than LL's."""
+    if len(start_sig) > 0:
+        begin(ctl, start_sig, 1)  # this rank's call published before any data moves
     step_bytes, flag_mod, clean_mask = ctl[STEP_BYTES], ctl[FLAG_MOD], ctl[CLEAN_MASK]
     opcode, is_float, nch, ll128 = ctl[OPCODE], ctl[IS_FLOAT], ctl[NCH], ctl[LL128] != 0
     words_per_slot, lines_per_slot = step_bytes // 8, step_bytes // 16
@@ -53,8 +55,6 @@ def run_ops(ctl, inp, out, start_sig):
     low, sh = np.uint64(0xFFFFFFFF), np.uint64(32)
     canon = numba.carray(ptr(ctl[CANON:].ctypes.data), 1, out.dtype)[0]
     prog = numba.carray(ptr(ctl[PROG]), (row(ctl, nch - 1)[END], 7), np.int64)
-    if len(start_sig) > 0:
-        begin(ctl, start_sig, 1)  # this rank's call published before any data moves
     fence()  # a sleeper's mark, stored before this call, is visible before we look at the flags again
     w = new_wait()
     while True:

@@ -56,15 +56,16 @@ def run_ops(ctl, inp, out, start_sig):
     ``MAX_IDLE`` rounds (BLOCKED: each channel's row says what it waits for), or a peer runs another call
     (MISMATCH).  ``start_sig`` (empty when resuming): the call's signature; publish it and load the step counters
     first."""
-    step_bytes, opcode, is_float, nch, spc, sps = ctl[STEP_BYTES], ctl[OPCODE], ctl[IS_FLOAT], ctl[NCH], ctl[SPC], \
-        ctl[SPS]
+    spc, sps = ctl[SPC], ctl[SPS]
+    if len(start_sig) > 0:
+        begin(ctl, start_sig, spc * sps)  # published before any data moves; steps rounded up to a chunk
+    step_bytes, opcode, is_float, nch = ctl[STEP_BYTES], ctl[OPCODE], ctl[IS_FLOAT], ctl[NCH]
     esize = out.itemsize
     step_elems = step_bytes // esize
     min_slice = step_elems * sps // 32
     canon = numba.carray(ptr(ctl[CANON:].ctypes.data), 1, out.dtype)[0]
     prog = numba.carray(ptr(ctl[PROG]), (row(ctl, nch - 1)[END], 7), np.int64)
     if len(start_sig) > 0:
-        begin(ctl, start_sig, spc * sps)  # published before any data moves; steps rounded up to a chunk
         for c in range(nch):
             st = row(ctl, c)
             if st[RREG]:  # NetRegMode: the call has started, the proxy may write into the user's buffer
