@@ -163,7 +163,7 @@ class Communicator(GatherScatter):
         self._kernel = Kernel(self.rank, 0, "", h.check, lambda peer: h.check_peer_op(peer, self.op_count),
                               self.oversubscribed, h.suspects, h.warn)
         if self.conns is not None and self.conns.proxied:  # a blocked kernel moves its NET bytes itself
-            self._kernel.poll = self.conns.poll
+            self._kernel.poll, self._kernel.net_wait = self.conns.poll, self.conns.wait
         self._kernel.tracer = self.tracer
         # point-to-point: its own kernel, whose waits check the peers' health but not their signatures
         self._p2p = P2p(self.rank, self.nranks, self.p2p, self._p2p_schedule, self.buff_sizes)

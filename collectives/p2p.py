@@ -146,7 +146,7 @@ class P2p:
         protocol go together (a p2p op has one step per chunk: sliceSteps = chunkSteps = 1)."""
         if conns is None or not conns.proxied:
             return []
-        kernel.poll = conns.poll  # a blocked kernel moves its NET bytes itself (a p2p connection may be new)
+        kernel.poll, kernel.net_wait = conns.poll, conns.wait  # a blocked kernel moves its NET bytes itself
         posted, run, proto = [], [], None
         for _, ops in works:
             for op in ops:

@@ -201,3 +201,52 @@ def test_proxy_keeps_its_own_step_counter():
     nxt = proxy.ProxyOp(nc, "Simple", 4, 2, 4)
     nxt.start()
     assert nxt.base == 16 and nc.step == 20
+
+
+def test_a_blocked_rank_sleeps_in_select_until_its_peers_step_lands(monkeypatch):
+    """More ranks than cores: a kernel whose every wait is on NET connections sleeps in ``select`` on their
+    sockets (``NetTransport.wait`` -> ``Proxy.wait``) instead of polling and yielding, and wakes when the peer's
+    step lands; a wait on any word that is not NET's (an SHM peer) makes it decline at once.  Two real
+    connections through the transport's own setup and connect, with their proxy threads running."""
+    from transports import net
+    from transports.base import CommInfo
+    from transports.proxy import ProxyOp
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    t = net.NetTransport()
+    sizes = {"LL": 8 * 128, "LL128": 8 * 2048, "Simple": 8 * 4096}
+    states = [t.new_state(CommInfo("nettest", r, sizes, lambda r: 0)) for r in (0, 1)]
+    handle = t.setup(states[1], 0, 0, False)
+    t.setup(states[0], 0, 1, True)
+    deadline = time.monotonic() + 10
+    sconn = t.connect(states[0], 0, 1, True, b"", handle, deadline)
+    rconn = t.connect(states[1], 0, 0, False, handle, b"", deadline)
+    for s in states:
+        t.connected(s)
+    try:
+        sop, rop = ProxyOp(sconn.proxy_conn, "Simple", 1, 1, 1), ProxyOp(rconn.proxy_conn, "Simple", 1, 1, 1)
+        t.save_ops(states[0], [sop])
+        t.save_ops(states[1], [rop])
+        data = np.random.default_rng(7).integers(0, 255, 1000, dtype=np.uint8)
+
+        def sender_kernel():  # the sending rank's kernel fills its slot 0.3 s later: data, size, then tail
+            time.sleep(0.3)
+            sconn.buffs["Simple"][:data.size] = data
+            sconn.conn_fifo[0] = data.size
+            sconn.tail[0] = sop.base + 1
+        threading.Thread(target=sender_kernel, daemon=True).start()
+        t0, waits, longest = time.monotonic(), 0, 0.0
+        while rconn.tail[0] < 1 and time.monotonic() - t0 < 5:
+            t.progress(states[1])
+            w0 = time.monotonic()
+            assert t.wait(states[1], [rconn.tail], 2.0), "declined a wait on NET words only"
+            waits, longest = waits + 1, max(longest, time.monotonic() - w0)
+            t.progress(states[1])
+        assert rconn.tail[0] == 1, "the step never landed"
+        assert np.array_equal(rconn.buffs["Simple"][:data.size], data)
+        assert longest >= 0.2 and waits <= 5, f"polled instead of sleeping: {waits} waits, longest {longest:.3f} s"
+        w0 = time.monotonic()
+        assert not t.wait(states[1], [rconn.tail, np.zeros(1, np.uint64)], 2.0)  # an SHM peer's word too
+        assert time.monotonic() - w0 < 0.1
+    finally:
+        for s in states:
+            t.free(s, drain=False)  # the receive op stays open: no kernel frees its slot

@@ -69,6 +69,12 @@ class Transport:
         proxy ops); False if nothing moved or nothing is proxied."""
         return False
 
+    def wait(self, state, words: list, timeout_s: float) -> bool:
+        """Ours: with more ranks than cores, block (at most ``timeout_s``) until this transport can move one of
+        the proxied transfers that ``words`` (the counters and doorbells the kernel waits on; None: a proxy
+        send) depend on, if they are all its own; False at once otherwise (the kernel yields instead)."""
+        return False
+
     def describe(self, state) -> list[dict]:
         """Ours: where the transport's in-flight work stands (NET: each proxy op's counters), for hang reports."""
         return []

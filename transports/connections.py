@@ -198,6 +198,11 @@ class Connections:
             moved |= t.progress(state)
         return moved
 
+    def wait(self, words: list, timeout_s: float) -> bool:
+        """While the kernel waits, more ranks than cores: a transport that alone can move ``words`` sleeps until
+        it can (``Transport.wait``); False if none can, and the kernel yields."""
+        return any(t.wait(state, words, timeout_s) for t, state in self.states.items())
+
     def describe(self) -> list[dict]:
         """Every transport's in-flight work (``Transport.describe``), for a hang report."""
         return [entry for t, state in self.states.items() for entry in t.describe(state)]

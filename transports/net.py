@@ -76,6 +76,15 @@ class NetConnection:
         except NetError as exc:
             raise ProxyError(str(exc)) from exc
 
+    def wait_fds(self, op) -> tuple[list, list]:
+        """The file descriptors whose readiness would move ``op`` (``NetPlugin.wait_fds``) when it waits on the
+        network: a send whose oldest step the plugin has not finished, a receive whose oldest posted step has not
+        arrived.  Empty when it waits on the kernel instead (a slot to fill or to free)."""
+        pending = op.done if self.conn.is_send else op.received
+        if pending >= (op.transmitted if self.conn.is_send else op.posted):
+            return [], []
+        return self.plugin.wait_fds(op.requests[(op.base + pending) % NCCL_STEPS])
+
     def trace_to(self, tracer, seq: int) -> None:
         """The plugin's own events (NET/IB: CTS, WRs, completions) go to the collective's trace."""
         self.plugin.trace_to(self.comm, tracer, seq, self.channel, self.conn.peer)
@@ -185,6 +194,7 @@ class NetState:
         self.listens: dict = {}
         self.connections: list[NetConnection] = []
         self.proxy: Proxy | None = None
+        self.words: set = set()  # id() of each connector's head, tail and doorbell: the words a kernel waits on
 
 
 class NetTransport(Transport):
@@ -223,6 +233,7 @@ class NetTransport(Transport):
             comm = plugin.accept(state.listens[(channel, peer, conn_index)], deadline)
             line = f"Channel {channel:02d}/{conn_index} : {peer}[{dev(peer)}] -> {me}[{dev(me)}] [receive] via {via}"
         state.connections.append(NetConnection(plugin, conn, comm, channel))
+        state.words |= {id(conn.head), id(conn.tail), id(conn.doorbell)}
         debug.info("INIT|NET", line)
         return conn
 
@@ -244,6 +255,13 @@ class NetTransport(Transport):
 
     def progress(self, state: NetState) -> bool:
         return state.proxy.progress() if state.proxy is not None else False
+
+    def wait(self, state: NetState, words: list, timeout_s: float) -> bool:
+        """Sleep in the proxy's ``select`` when every word the kernel waits on is one of our connections' (None:
+        a proxy send), so that only the network can move it; with an SHM peer among them, False at once."""
+        if state.proxy is None or not words or not all(w is None or id(w) in state.words for w in words):
+            return False
+        return state.proxy.wait(timeout_s)
 
     def describe(self, state: NetState) -> list[dict]:
         return state.proxy.describe() if state.proxy is not None else []

@@ -69,6 +69,12 @@ class NetPlugin:
     def test(self, request) -> tuple[bool, int]:
         raise NotImplementedError
 
+    def wait_fds(self, request) -> tuple[list, list]:
+        """Ours, not ``ncclNet_t``'s: the file descriptors (readable, writable) whose readiness lets ``request``
+        move, so that a rank with more ranks than cores can sleep in ``select`` instead of polling ``test``.
+        Empty (the default) when the plugin has none to offer: the rank keeps polling."""
+        return [], []
+
     def trace_to(self, comm, tracer, seq: int, channel: int, peer: int) -> None:
         """The proxy's tracer for the plugin's own events on ``comm`` (a plugin without any ignores it)."""
         return None

@@ -225,6 +225,16 @@ class SocketNet(NetPlugin):
             raise NetError(req.error)
         return req.done, req.size
 
+    def wait_fds(self, req: _Request) -> tuple[list, list]:
+        """The control socket, when it is what the comm's oldest request (the one ``test`` moves first) waits on:
+        readable for a receive, writable for a send.  None while helper threads move a payload on the data
+        sockets (they block in I/O themselves)."""
+        comm = req.comm
+        head = comm.requests[0] if comm.requests else None
+        if head is None or head.tasks_left or head.error:
+            return [], []
+        return ([], [comm.ctrl]) if head.is_send else ([comm.ctrl], [])
+
     def _progress(self, req: _Request) -> bool:
         comm = req.comm
         try:

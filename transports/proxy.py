@@ -15,7 +15,9 @@ starts an op, sets it to ``base + nsteps`` for the next one, so it never reads t
 Deliberate differences.  While its kernel waits, the rank moves its proxied bytes itself (``Proxy.progress``,
 called from ``Kernel.run``'s ``poll``; a lock decides who runs it): a Python proxy thread would first have to win
 the interpreter lock from its own rank, and with several ranks on few cores that hand-over, not the network, was
-the cost of a step across nodes.  The thread remains for what is left when no kernel waits.  And a collective
+the cost of a step across nodes.  The thread remains for what is left when no kernel waits.  With more ranks than cores, a rank whose kernel
+waits on proxied connections only sleeps in ``select`` on their sockets (``Proxy.wait``) where NCCL's proxy spins:
+spinning there takes a core from the rank that would send the bytes.  And a collective
 returns only once its send ops are done (``wait_sent``), i.e. the plugin has taken every step.  NCCL's kernel
 returns as soon as its last step is in the FIFO and its proxy, a free-running C thread, sends it whatever the
 caller does next.  Ours is a Python thread: if the caller then enters a C call that keeps the GIL while it waits
@@ -25,6 +27,7 @@ would never reach that call.
 from __future__ import annotations
 
 import collections
+import select
 import sys
 import threading
 import time
@@ -183,6 +186,36 @@ class Proxy(threading.Thread):
             where = f" on channel {nc.channel}" if nc is not None else ""
             self.error = f"proxy thread failed{where}: {type(exc).__name__}: {exc}"
             raise
+        finally:
+            self.lock.release()
+
+    def wait(self, timeout_s: float) -> bool:
+        """Ours: sleep in ``select`` until a file descriptor that an active op waits on is ready, at most
+        ``timeout_s``, holding the lock so that nothing else takes the bytes first; or, while this thread holds the
+        lock (it is moving bytes), until its pass ends.  For a rank whose blocked kernel waits on these connections
+        only (``NetTransport.wait``): with more ranks than cores, polling or yielding keeps a core from the ranks
+        that have work, and the OS wakes the thread as the data lands.  False, at once, when the ops offer nothing
+        to wait on (the plugin has no descriptors, or they wait on the kernel)."""
+        if self.error is not None or self.pending:
+            return False
+        if not self.lock.acquire(blocking=False):  # the thread is moving bytes: wait for its pass to end
+            if not self.lock.acquire(timeout=timeout_s):
+                return False
+            self.lock.release()
+            return True
+        try:
+            readable, writable = [], []
+            for nc in self.active:
+                r, w = nc.wait_fds(nc.ops[0])
+                readable += r
+                writable += w
+            if not readable and not writable:
+                return False
+            try:
+                select.select(readable, writable, [], timeout_s)
+            except (OSError, ValueError):  # a socket closed under a failure: the next poll reports it
+                return False
+            return True
         finally:
             self.lock.release()
 

@@ -10,7 +10,8 @@ WARN line once a wait has gone ``NCCLLAB_WARN_AFTER`` seconds without progress (
 hung job cannot tell whom it waits for, NVIDIA/nccl#1260).
 On an oversubscribed machine (more ranks on it than cores, emulated nodes counted together since they share the
 cores) a blocked rank sleeps on the counter it waits for (``futex``) instead of spinning, so that the rank it
-waits for gets the core.
+waits for gets the core; when every counter it waits for is a NET connection's, it sleeps in ``select`` on their
+sockets instead (``net_wait``: only the network can move them, and the OS wakes it as the bytes land).
 """
 from __future__ import annotations
 
@@ -30,6 +31,8 @@ SPINS_BEFORE_SLEEP = 20  # oversubscribed only: sched_yield first, then sleep (m
 # than slept and woken (the runs that chose it: docs/measured.md).
 SPIN_S_BEFORE_SLEEP = 0.001
 CHECK_EVERY_S = 0.02
+# Oversubscribed, waiting on NET connections only: the longest sleep in ``select`` before the health checks.
+NET_WAIT_S = 0.005
 # Thread groups of one channel (runTreeSplit's reduce-up and broadcast-down halves, a p2p work's send and recv, run
 # side by side).
 GROUPS = {0: "", 1: "tree reduce", 2: "tree broadcast", 3: "proxy", 4: "p2p send", 5: "p2p recv"}
@@ -60,12 +63,14 @@ class Kernel:
         self._health = health
         self.check_peer_op = check_peer_op
         self.poll: Callable[[], bool] | None = None  # moves proxied (NET) bytes from this thread while blocked
+        # (words waited on, timeout) -> whether it slept until the network could move them (``Connections.wait``)
+        self.net_wait: Callable[[list, float], bool] | None = None
 
     def free(self) -> None:
         """The communicator is destroyed: drop what the kernel still points at (the words of its last waits,
         views of shared memory that would keep their mapping open; the communicator's callbacks)."""
         self.wait_state.clear()
-        self.poll = self.tracer = None
+        self.poll = self.net_wait = self.tracer = None
         self._health = self.check_peer_op = lambda *args: None
 
     def reset(self, op_count: int, func: str) -> None:
@@ -130,9 +135,12 @@ class Kernel:
             if self.poll is not None and self.poll():
                 spins = 0
                 continue  # this rank moved NET bytes itself: look again at once
-            if spins < spins_before_yield:
+            if self.sleep and self.net_wait is not None and self.wait_state and self.net_wait(
+                    [state[3] for state in self.wait_state.values()], NET_WAIT_S):
+                pass  # it slept until a socket it waits on was ready: poll it at once
+            elif spins < spins_before_yield:
                 continue
-            if self.sleep and spins >= spins_before_sleep and time.monotonic() - last_change > SPIN_S_BEFORE_SLEEP:
+            elif self.sleep and spins >= spins_before_sleep and time.monotonic() - last_change > SPIN_S_BEFORE_SLEEP:
                 if armed is None:
                     armed = self._arm()
                     if armed is not None:
