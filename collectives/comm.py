@@ -175,7 +175,7 @@ class Communicator(GatherScatter):
         self._compiled = None if self._gpu else compiled_ring.Cache(self.channels, self.nranks, h.pages, h.mine,
                                                                     self.rank)
         self._tasks: dict[tuple, Task] = {}
-        self.group_colls: list = []  # collectives queued in an open group (group_plan.QueuedColl)
+        self.group_colls: list = []  # collectives queued in an open group (task.Launch, queued by group_plan)
         self._log_coll, self._log_tuning = debug.enabled("INFO", "COLL"), debug.enabled("INFO", "TUNING")
         self._trace_coll = debug.enabled("TRACE", "COLL")  # NCCL reads NCCL_DEBUG once; asking per call cost 0.5 us
         debug.info("INIT", f"ncclCommInitRank comm {hex(id(self))} rank {self.rank} nranks {self.nranks} "

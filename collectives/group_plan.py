@@ -25,28 +25,17 @@ from . import enqueue, p2p
 from .device import launch as device_launch
 from .device.common import run_in_order
 from .device.reduce_copy import dtype_name, reduce_copy
-from .task import IN_PLACE_MATTERS, Task, in_place, new_task
-
-
-@dataclasses.dataclass
-class QueuedColl:
-    """``ncclTaskColl`` as ``collTaskAppend`` queues it: the call and its buffers."""
-    func: str
-    send: np.ndarray
-    recv: np.ndarray
-    count: int
-    op: str
-    root: int
-    task: Task  # the op resolved (a bad one raised at the call)
+from .task import IN_PLACE_MATTERS, Launch, in_place, new_task
 
 
 def enqueue_coll(comm, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> None:
     """``collTaskAppend``: resolve the call now (bad arguments raise before anything is queued), queue it."""
     task = new_task(comm, func, count, send.dtype, op, root)
-    comm.group_colls.append(QueuedColl(func, send, recv, count, op, root, task))
+    placed = in_place(func, comm.rank, send, recv)
+    comm.group_colls.append(Launch(func, send, recv, count, op, root, task, placed, None))  # the plan decides how
 
 
-def prepare(comm, colls: list[QueuedColl]) -> tuple[list[QueuedColl], list[enqueue.Plan], float | None]:
+def prepare(comm, colls: list[Launch]) -> tuple[list[Launch], list[enqueue.Plan], float | None]:
     """``ncclPrepareTasks`` + ``scheduleCollTasksToPlan``: the plan's collectives in its order, their plans, and the
     cost model's estimated time (``ncclSimInfo_t.estimatedTime``)."""
     tasks = [(c.func, c.count, c.send.itemsize, c.task.op, dtype_name(c.send.dtype)) for c in colls]
@@ -93,7 +82,7 @@ def launch(comm) -> None:
         comm.op_count += len(queued)
 
 
-def _run(comm, kernel, ordered: list[QueuedColl], plans: list[enqueue.Plan], seq_of: dict) -> None:
+def _run(comm, kernel, ordered: list[Launch], plans: list[enqueue.Plan], seq_of: dict) -> None:
     """Post every proxy op, run every channel's works in the plan's order, wait for the network to take the
     sends."""
     tracer, conns = comm.tracer, comm.conns
@@ -108,7 +97,7 @@ def _run(comm, kernel, ordered: list[QueuedColl], plans: list[enqueue.Plan], seq
         send, recv = c.send, c.recv
         if c.func in IN_PLACE_MATTERS:  # NCCL retypes these as int8: they move bytes
             send, recv = send.view(np.uint8), recv.view(np.uint8)
-        placed = in_place(c.func, comm.rank, c.send, c.recv)
+        placed = c.placed
         if conns is not None and conns.proxied:
             counts = enqueue.proxy_steps(plan, comm.channels, comm.nranks, c.root, plan.chunk_steps)
             proxy_ops += conns.save_ops(counts, plan.proto, plan.slice_steps, plan.chunk_steps, tracer, seq_of[id(c)])

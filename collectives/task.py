@@ -59,8 +59,9 @@ def new_task(comm, func: str, count: int, dtype: np.dtype, op: str, root: int) -
 
 class Launch(NamedTuple):
     """One call resolved from its arguments (``Communicator._prepare``): the buffers, the task, whether it is in
-    place, its compiled form (None: the readable primitives) and whether that is all it runs.  Valid for as long as the same buffers are
-    passed again."""
+    place, its compiled form (None: the readable primitives) and whether that is all it runs; valid for as long as
+    the same buffers are passed again.  Inside a group it is ``ncclTaskColl`` as ``collTaskAppend`` queues it
+    (``group_plan.enqueue_coll``), without a compiled form: the group's plan decides how it runs."""
     func: str
     send: np.ndarray
     recv: np.ndarray
