@@ -24,6 +24,7 @@ NCCL error, so that every rank ends and MPI cleans up its own shared memory.
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
 import socket
@@ -260,7 +261,29 @@ def rank_env() -> tuple[UniqueId, int, int]:
     raise RuntimeError("no launcher environment: run under mpirun, or use collectives.job.spawn")
 
 
+def _ephemeral_low() -> int:
+    """The bottom of the kernel's ephemeral port range (``ip_local_port_range``), 32768 if unknown."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_port(addr: str) -> int:
+    """A port for rank 0 to host the root on, free now.  Below the ephemeral range: the port is released before
+    rank 0 binds it, and in that gap any connection's automatic source port (every rank's bootstrap and NET
+    sockets) could take one from the ephemeral range (CI once saw "Address already in use"); nothing the kernel
+    assigns comes from below it.  Falls back to an ephemeral one when none there is free."""
+    low = _ephemeral_low()
+    rng = random.Random()
+    for port in rng.sample(range(max(1024, low - 12288), low), k=min(64, max(0, low - 1024))):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((addr, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((addr, 0))
         return s.getsockname()[1]
