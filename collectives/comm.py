@@ -104,16 +104,17 @@ class Communicator(GatherScatter):
 
     # ------------------------------------------------------------------ init
     def _init_transports(self, uid: UniqueId, rings, search_channels, protocols, algorithms, device) -> None:
-        self.buff_sizes = buffer_sizes()
         proto_text = protocols if protocols is not None else os.environ.get("NCCL_PROTO", "")
         algo_text = algorithms if algorithms is not None else os.environ.get("NCCL_ALGO", "")
         self.device, proto_text = device_and_protocols(device, proto_text)  # a GPU device: device/cuda/rank.py's kernels
         tuning.protocol_table(proto_text)  # a bad NCCL_PROTO / NCCL_ALGO fails at init, on every rank
         tuning.algorithm_table(algo_text)
-        peers = exchange(self.bootstrap, self.rank, self.nranks, uid.magic, self.buff_sizes, rings, search_channels,
+        # every rank must read the same NCCL_*BUFFSIZE (checked in the exchange); the defaults follow the nodes
+        peers = exchange(self.bootstrap, self.rank, self.nranks, uid.magic, buffer_sizes(), rings, search_channels,
                          proto_text, algo_text, self.device.name)
         self.peer_info, self.tag, self.node_of_rank, self.nnodes = peers.info, peers.tag, peers.node_of_rank, \
             peers.nnodes
+        self.buff_sizes = buffer_sizes(one_cpu_node=self.nnodes == 1 and self.device.name == "cpu")
         self.local_ranks = peers.local_ranks
         self.local_rank = self.local_ranks.index(self.rank)
         self.oversubscribed = peers.same_machine > len(os.sched_getaffinity(0))  # emulated nodes share the cores

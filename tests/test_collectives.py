@@ -6,7 +6,8 @@ from workers import ALL, Case
 from conftest import run_ranks
 
 FLOATS = ["float32", "float16", "bfloat16"]
-# chunkCount for Ring/Simple AllReduce float32 is 524288: n*chunkCount+ is "larger than a full loop".
+# chunkCount for Ring/Simple AllReduce float32 is 65536 on one CPU node (512 KiB FIFOs) and 524288 with NCCL's 4 MiB:
+# n*chunkCount+ is "larger than a full loop".
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])
@@ -24,13 +25,14 @@ def test_channels_and_explicit_rings(n, nch, rings):
 
 
 def test_prime_above_a_million_and_beyond_one_loop():
-    # 1_000_003 (prime) and 2*524288+4099: two loops, the last one shortened (n=2, float32 chunk 524288).
+    # 1_000_003 (prime) and 2*524288+4099: two loops, the last one shortened (n=2, float32 chunk 524288 with
+    # NCCL's 4 MiB FIFOs, named here since one CPU node defaults to 512 KiB)
     run_ranks(2, "bitwise", Case(channels=2, rings=[[1, 0]], counts=[1_000_003, 2 * 524288 + 4099],
-                                 dtypes=["float32"]).arg())
+                                 dtypes=["float32"]).arg(), env={"NCCL_BUFFSIZE": str(1 << 22)})
 
 
 def test_beyond_one_loop_fp16_bf16_n3():
-    # fp16 chunkCount is 1048576: 3 ranks * 1048576 + 37 needs a second, short loop.
+    # fp16 chunkCount is 131072 (512 KiB FIFOs): 3 ranks * 1048576 + 37 takes 8 loops and a short ninth.
     run_ranks(3, "bitwise", Case(channels=1, counts=[3 * 1048576 + 37], dtypes=["float16", "bfloat16"],
                                  colls=["allreduce", "reducescatter"]).arg())
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from collectives import enqueue
+from collectives.include.protocols import buffer_sizes
 from collectives.perf import reference
 from collectives.graph import connect
 from collectives.misc import param, sockets
@@ -286,6 +287,26 @@ def test_any_buffsize_runs_bitwise():
                                      colls=['allreduce', 'broadcast']).arg(),
                   env={"NCCL_BUFFSIZE": "1000001", "NCCL_LL_BUFFSIZE": "100003", "NCCL_LL128_BUFFSIZE": "600007",
                        "NCCL_PROTO": proto})
+
+
+def test_simple_fifos_are_512k_on_one_cpu_node(monkeypatch):
+    """computeBuffSizes with the lab's one deliberate default: Simple's FIFOs are 512 KiB when every rank is on one
+    CPU node (NCCL's 4 MiB steps stream through DRAM there), 4 MiB across nodes; NCCL_BUFFSIZE always wins; the
+    reference states the same rule from the environment alone."""
+    monkeypatch.delenv("NCCL_BUFFSIZE", raising=False)
+    assert buffer_sizes() == BUFFS                                        # NCCL's defaults
+    assert buffer_sizes(one_cpu_node=True) == {**BUFFS, "Simple": 1 << 19}
+    assert reference.config_from_env(2)["buff_sizes"] == {**BUFFS, "Simple": 1 << 19}
+    assert reference.config_from_env(2, hosts=["a", "b"])["buff_sizes"] == BUFFS
+    monkeypatch.setenv("NCCL_BUFFSIZE", "1048576")
+    assert buffer_sizes(one_cpu_node=True)["Simple"] == 1 << 20
+    assert reference.config_from_env(2)["buff_sizes"]["Simple"] == 1 << 20
+    monkeypatch.delenv("NCCL_BUFFSIZE")
+    for nodes, simple in ((1, 1 << 19), (2, 1 << 22)):
+        out = run_ranks(2, "buff_sizes", nodes=nodes).stdout
+        got = sorted(line for line in out.splitlines() if line.startswith("rank "))
+        want = json.dumps({**BUFFS, "Simple": simple}, sort_keys=True)
+        assert got == [f"rank {r} nodes {nodes} {want}" for r in range(2)], out
 
 
 IFS = [("lo", "127.0.0.1", "255.0.0.0"), ("docker0", "172.17.0.1", "255.255.0.0"),

@@ -95,9 +95,10 @@ def independent_config(comm, func: str, count: int, dt) -> dict:
     for key in ("proto", "algo"):
         if own[key] is not None and (key == "proto" or func == "AllReduce"):
             assert chosen[key] == own[key], (func, count, key, chosen[key], own[key])
+    proto = own["proto"] or chosen["proto"]
     return {"rings": own["rings"], "nchannels": own["nchannels"], "search_channels": own["search_channels"],
-            "proto": own["proto"] or chosen["proto"], "algo": (own["algo"] if func == "AllReduce" else None)
-            or chosen["algo"], "trees": chosen["trees"]}
+            "proto": proto, "algo": (own["algo"] if func == "AllReduce" else None) or chosen["algo"],
+            "trees": chosen["trees"], "buffsize": own["buff_sizes"][proto]}
 
 
 @dataclass
@@ -495,6 +496,13 @@ def compiled_paths(args: list[str]) -> None:
             raise AssertionError(f"rank {r}: {what}: compiled and readable {case.proto} differ at {len(bad)} elements, "
                                  f"first {bad[:4]}: {a[bad[:2]]} vs {b[bad[:2]]}")
     print(f"rank {r} ok {len(results[0][1])} calls", flush=True)
+
+
+def buff_sizes(args: list[str]) -> None:
+    """Print this rank's node count and the FIFO sizes its communicator chose (``computeBuffSizes``)."""
+    with collectives.Communicator() as comm:
+        sys.stdout.write(f"rank {comm.rank} nodes {comm.nnodes} {json.dumps(comm.buff_sizes, sort_keys=True)}\n")
+        sys.stdout.flush()
 
 
 def oversubscription(args: list[str]) -> None:

@@ -75,10 +75,22 @@ PROTOCOLS = {p.name: p for p in (LL, LL128, SIMPLE)}   # in NCCL's id order
 PROTOS = tuple(PROTOCOLS)
 
 
-def buffer_sizes() -> dict:
-    """``computeBuffSizes``: each protocol's ``NCCL_*BUFFSIZE`` or its default.  NCCL accepts any value; below one
-    chunk it would divide by zero, so that is an error here."""
-    sizes = {p.name: env_int(p.buff_env, p.default_buff_size) for p in PROTOCOLS.values()}
+# Deliberate difference: Simple's default FIFO when every rank is on one CPU node.  NCCL's 4 MiB makes a Ring/Simple
+# slice 1 MiB: on a GPU that sits in device memory, on a CPU each slice streams through DRAM between two cores.
+# 512 KiB (64 KiB steps, 128 KiB slices) keeps the FIFOs in the caches: AllReduce at 16 MiB, 2-8 ranks on this 2-core
+# machine, 1.4-2x busbw, equal at 256 KiB and 2 MiB (docs/measured.md).  Across nodes each step is a message of the
+# Python proxy, and 4 MiB stays: smaller steps there measured slower.
+CPU_NODE_SIMPLE_BUFF_SIZE = 1 << 19
+
+
+def buffer_sizes(one_cpu_node: bool = False) -> dict:
+    """``computeBuffSizes``: each protocol's ``NCCL_*BUFFSIZE`` or its default; ``one_cpu_node``: every rank is a
+    CPU rank of one node, and Simple's default is ``CPU_NODE_SIMPLE_BUFF_SIZE``.  NCCL accepts any value; below
+    one chunk it would divide by zero, so that is an error here."""
+    defaults = {p.name: p.default_buff_size for p in PROTOCOLS.values()}
+    if one_cpu_node:
+        defaults["Simple"] = CPU_NODE_SIMPLE_BUFF_SIZE
+    sizes = {p.name: env_int(p.buff_env, defaults[p.name]) for p in PROTOCOLS.values()}
     for p in PROTOCOLS.values():
         if sizes[p.name] < p.min_buff_size:
             raise ValueError(f"{p.buff_env}={sizes[p.name]} is too small: {p} needs at least {p.min_buff_size} "

@@ -22,7 +22,9 @@ from typing import Sequence
 import ml_dtypes
 import numpy as np
 
-_STEP_BYTES = {"Simple": 1 << 22, "LL": 1 << 19, "LL128": 4915200}
+_STEP_BYTES = {"Simple": 1 << 22, "LL": 1 << 19, "LL128": 4915200}  # NCCL's default FIFO sizes (8 steps each)
+_BUFF_VARS = {"Simple": "NCCL_BUFFSIZE", "LL": "NCCL_LL_BUFFSIZE", "LL128": "NCCL_LL128_BUFFSIZE"}
+CPU_NODE_SIMPLE = 1 << 19  # the lab's Simple FIFO when every CPU rank is on one node (docs/protocols.md)
 _GRAIN = {"Simple": 512, "LL": 16, "LL128": 1920}
 
 
@@ -92,7 +94,9 @@ def config_from_env(nranks: int, search_channels: int = 1, rings: list[list[int]
     """What a test can know without asking the communicator: the channel count (search channels, doubled, then
     NCCL_MAX_NCHANNELS clamps to 1..64 and NCCL_MIN_NCHANNELS copies), the ring of each channel (given, or
     each host's ranks in order, host after host, ``hosts`` being every rank's NCCL_HOSTID), and
-    the protocol or algorithm when NCCL_PROTO / NCCL_ALGO name exactly one (else the cost model chooses)."""
+    the protocol or algorithm when NCCL_PROTO / NCCL_ALGO name exactly one (else the cost model chooses), and each
+    protocol's FIFO size (its variable, else NCCL's default, but Simple's is ``CPU_NODE_SIMPLE`` when every rank
+    is on one node: the lab's CPU default)."""
     def env_count(*names, default):
         for name in names:
             raw = os.environ.get(name, "").strip()
@@ -108,7 +112,14 @@ def config_from_env(nranks: int, search_channels: int = 1, rings: list[list[int]
     copies = [rings[c % len(rings)] for c in range(min(doubled, nch))]
     copies += [copies[c % len(copies)] for c in range(len(copies), nch)]
     single = lambda var, names: next((n for n in names if os.environ.get(var, "").lower() == n.lower()), None)  # noqa
+    one_node = len(set(hosts or [None])) == 1
+    sizes = {}
+    for proto, var in _BUFF_VARS.items():
+        raw = os.environ.get(var, "").strip()
+        default = CPU_NODE_SIMPLE if proto == "Simple" and one_node else _STEP_BYTES[proto]
+        sizes[proto] = int(raw, 0) if raw and int(raw, 0) != -2 else default
     return {"nchannels": nch, "rings": [list(r) for r in copies], "search_channels": search_channels,
+            "buff_sizes": sizes,
             "proto": single("NCCL_PROTO", ("LL", "LL128", "Simple")), "algo": single("NCCL_ALGO", ("Ring", "Tree"))}
 
 
@@ -150,8 +161,7 @@ def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, 
         last, mids = cells_each, mids - 1
     sizes = [first * per_cell] + [cells_each * per_cell] * mids + ([last * per_cell] if last else [])
     sizes[-1] -= ncells * per_cell - count
-    var = {"Simple": "NCCL_BUFFSIZE", "LL": "NCCL_LL_BUFFSIZE", "LL128": "NCCL_LL128_BUFFSIZE"}[proto]
-    raw = os.environ.get(var, "").strip()
+    raw = os.environ.get(_BUFF_VARS[proto], "").strip()
     step = (buffsize or (int(raw, 0) if raw else _STEP_BYTES[proto])) // 8
     if proto == "Simple":
         ring_func = algo == "Ring" and func in ("AllReduce", "AllGather", "ReduceScatter")
