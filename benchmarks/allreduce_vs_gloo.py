@@ -14,6 +14,12 @@ busbw = algbw * 2(n-1)/n as nccl-tests.
 Ring/Simple AllReduce then moves its NET steps straight between them and the sockets (``collectives/register.py``),
 as Gloo does with its tensor; ``-R 0`` (the default, as in nccl-tests) goes through the FIFOs.
 
+When every rank is its own node ("4 x 1", every hop of ours crosses TCP as every hop of Gloo's does), a third
+side is the floor under both (``tcp_floor.py``): a ring's bytes alone over loopback TCP, 2(n-1)/n of the message
+each way per rank, with no reduction and no protocol.  Where a goal is NOT met and even that floor stays under the
+ratio asked of Gloo, the goal line says so with the floor's own ratio; the floor is the third series of ``--json``
+and the last two columns of the printed table ('-' in other shapes).
+
 Gloo's ``all_reduce`` works in place: it is timed on a zero-filled buffer (sums of zeros stay zero: no overflow and
 no denormals over the timed calls; a float add costs the same for any normal value), ours out of place on random
 inputs.  Once per size, up to 16 MiB, ours is checked bitwise against NCCL's summation order (fresh inputs,
@@ -36,6 +42,7 @@ import collectives  # noqa: E402
 from collectives.job import node_hostid  # noqa: E402
 from collectives.perf.args import sizes  # noqa: E402
 from checks import CHECK_MAX, busbw_goals, close_wrong, inputs_for, lab_wrong  # noqa: E402
+from tcp_floor import TcpRing  # noqa: E402
 from timing import add_side_by_side_args, iters_for, timed_rounds  # noqa: E402
 
 
@@ -54,11 +61,25 @@ def gloo_group(world):
     return dist
 
 
-def goals(shape: str, lab: list, gloo: list) -> list[str]:
+BANDS = [("every size", 1.0, 0, 1 << 62), (">= 16 MiB", 1.2, 16 << 20, 1 << 62)]
+
+
+def goals(shape: str, lab: list, gloo: list, floor: list | None = None) -> list[str]:
     """Issue 27's goals across nodes from the measured points: lab/Gloo busbw >= 1.0x at every size, >= 1.2x at
-    16 MiB and above."""
-    return busbw_goals(f"{shape} vs Gloo", lab, gloo, [("every size", 1.0, 0, 1 << 62),
-                                                       (">= 16 MiB", 1.2, 16 << 20, 1 << 62)])
+    16 MiB and above.  ``floor`` (every hop over TCP: the "4 x 1" shape): a goal NOT met says at which size, if
+    any, the ring's bytes alone over loopback TCP stay under the ratio asked."""
+    lines = busbw_goals(f"{shape} vs Gloo", lab, gloo, BANDS)
+    if floor:
+        for i, (_, want, lo, hi) in enumerate(BANDS):
+            if not lines[i].endswith("NOT met"):
+                continue
+            under = [(f["size"], f["busbw"] / g["busbw"]) for f, g in zip(floor, gloo)
+                     if lo <= f["size"] <= hi and g["busbw"] and f["busbw"] / g["busbw"] < want]
+            if under:
+                size, ratio = min(under, key=lambda u: u[1])
+                lines[i] += (f" (floor: at {size} B a ring's bytes alone over loopback TCP reach {ratio:.2f}x Gloo's "
+                             f"busbw, under the {want:.1f}x asked)")
+    return lines
 
 
 def main() -> int:
@@ -80,7 +101,8 @@ def main() -> int:
     dist = gloo_group(world)
     import torch
     uid = world.bcast(collectives.get_unique_id().to_bytes() if world.rank == 0 else None)
-    lab_pts, gloo_pts, wrong = [], [], {"lab": 0, "Gloo": 0}
+    ring = TcpRing(world) if nodes == n else None  # the floor under a ring whose every hop crosses TCP
+    lab_pts, gloo_pts, floor_pts, wrong = [], [], [], {"lab": 0, "Gloo": 0}
     with collectives.Communicator(uid, n, world.rank) as comm:
         if world.rank == 0:
             via = sorted({t for ch in comm.describe()["connections"] for t in ch.values()})
@@ -89,15 +111,18 @@ def main() -> int:
                   f"{'registered, -R 1' if a.local_register else 'not registered, -R 0'}) vs torch.distributed Gloo "
                   f"(torch {torch.__version__}, loopback TCP)")
             print(f"# {'size':>10} {'algo/proto':>12} {'lab us':>10} {'lab busbw':>10} {'gloo us':>10} "
-                  f"{'gloo busbw':>10} {'lab/gloo':>8}")
+                  f"{'gloo busbw':>10} {'lab/gloo':>8} {'tcp us':>10} {'tcp busbw':>10}")
         factor = 2 * (n - 1) / n
         for size in sizes(a):
             x = np.random.default_rng(world.rank).uniform(-1, 1, max(1, size // 4)).astype(np.float32)
             out = np.empty_like(x)
             zeros = torch.zeros(x.size, dtype=torch.float32)
             handles = [comm.register(x), comm.register(out)] if a.local_register else []
-            t = timed_rounds({"lab": lambda: comm.all_reduce(x, out=out), "gloo": lambda: dist.all_reduce(zeros)},
-                             iters_for(size, 200, a.iters), world, a.rounds, warmup=a.warmup_iters)
+            calls = {"lab": lambda: comm.all_reduce(x, out=out), "gloo": lambda: dist.all_reduce(zeros)}
+            if ring is not None:
+                moved = ring.ring_allreduce_bytes(x.nbytes)
+                calls["tcp"] = lambda: ring.move(moved)
+            t = timed_rounds(calls, iters_for(size, 200, a.iters), world, a.rounds, warmup=a.warmup_iters)
             for h in handles:
                 comm.deregister(h)
             if size <= CHECK_MAX:
@@ -109,8 +134,14 @@ def main() -> int:
             if world.rank == 0:
                 bl, bg = x.nbytes / t["lab"] / 1e9 * factor, x.nbytes / t["gloo"] / 1e9 * factor
                 plan = comm.plan("AllReduce", x.size, x.dtype)
+                tcp = f"{'-':>10} {'-':>10}"
+                if "tcp" in t:
+                    bt = x.nbytes / t["tcp"] / 1e9 * factor
+                    tcp = f"{t['tcp'] * 1e6:>10.1f} {bt:>10.2f}"
+                    floor_pts.append({"size": x.nbytes, "algbw": x.nbytes / t["tcp"] / 1e9, "busbw": bt,
+                                      "time_us": t["tcp"] * 1e6})
                 print(f"  {x.nbytes:>10} {plan.algo + '/' + plan.proto:>12} {t['lab'] * 1e6:>10.1f} {bl:>10.2f} "
-                      f"{t['gloo'] * 1e6:>10.1f} {bg:>10.2f} {bl / bg if bg else 0:>8.2f}", flush=True)
+                      f"{t['gloo'] * 1e6:>10.1f} {bg:>10.2f} {bl / bg if bg else 0:>8.2f} {tcp}", flush=True)
                 lab_pts.append({"size": x.nbytes, "algbw": x.nbytes / t["lab"] / 1e9, "busbw": bl,
                                 "time_us": t["lab"] * 1e6})
                 gloo_pts.append({"size": x.nbytes, "algbw": x.nbytes / t["gloo"] / 1e9, "busbw": bg,
@@ -118,13 +149,19 @@ def main() -> int:
     if world.rank == 0:
         print(f"# check (sizes up to {CHECK_MAX >> 20} MiB): lab bitwise against NCCL's order: {wrong['lab']} wrong; "
               f"Gloo within float32 rounding of the exact sum (its own order): {wrong['Gloo']} wrong")
-        for line in goals(shape, lab_pts, gloo_pts):
+        for line in goals(shape, lab_pts, gloo_pts, floor_pts):
             print(line)
         if a.json:
+            series = [{"label": f"nccl-lab AllReduce n={n}, {shape} nodes, beside Gloo", "points": lab_pts},
+                      {"label": f"Gloo all_reduce n={n}, {shape} nodes (torch {torch.__version__})",
+                       "points": gloo_pts}]
+            if floor_pts:
+                series.append({"label": f"a ring's bytes alone over loopback TCP n={n}, {shape} nodes "
+                                        f"(tcp_floor.py)", "points": floor_pts})
             with open(a.json, "w") as f:
-                json.dump([{"label": f"nccl-lab AllReduce n={n}, {shape} nodes, beside Gloo", "points": lab_pts},
-                           {"label": f"Gloo all_reduce n={n}, {shape} nodes (torch {torch.__version__})",
-                            "points": gloo_pts}], f, indent=1)
+                json.dump(series, f, indent=1)
+    if ring is not None:
+        ring.close()
     dist.destroy_process_group()
     return 1 if any(wrong.values()) else 0
 

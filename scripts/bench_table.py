@@ -6,7 +6,8 @@ DIR holds what ``./lab bench`` leaves there:
 
 * ``allreduce_vs_mpi-n<N>.json`` (the benchmark's ``--json`` series: ours and MPI's points) and
   ``allreduce_vs_mpi-n<N>.txt`` (its printed table, for each size's algorithm/protocol and the goal lines);
-  ``allreduce_vs_gloo-<K>x<M>-n<N>.json`` and ``.txt`` alike (ours and Gloo's across K emulated nodes of M ranks);
+  ``allreduce_vs_gloo-<K>x<M>-n<N>.json`` and ``.txt`` alike (ours and Gloo's across K emulated nodes of M ranks,
+  and, at K x 1, a third series: a ring's bytes alone over loopback TCP, ``benchmarks/tcp_floor.py``);
 * ``tuning_check-n<N>.txt``: only its goal lines (the cost model's pick against each forced pair);
 * ``latency-n<N>.txt`` and ``net_vs_shm-n<N>.txt``: ``benchmarks/latency.py`` and ``benchmarks/net_vs_shm.py``
   have no ``--json``, so their printed tables are read (the layout of their header lines is checked: a change
@@ -114,6 +115,8 @@ PEERS = {  # side-by-side benchmark -> its peer's column name in the printed hea
     "allreduce_vs_mpi": ("mpi", "MPI `Allreduce`"),
     "allreduce_vs_gloo": ("gloo", "Gloo `all_reduce`"),
 }
+# columns after the ratio, and the row label of the --json series past the first two (allreduce_vs_gloo's floor)
+EXTRA = {"allreduce_vs_gloo": (["tcp", "us", "tcp", "busbw"], ["a ring's bytes alone over loopback TCP"])}
 
 
 def side_by_side(dirname: str, name: str, series: list, notes: list, mpis: set, files: list) -> None:
@@ -124,8 +127,11 @@ def side_by_side(dirname: str, name: str, series: list, notes: list, mpis: set, 
         n = rank_count(path)
         shape = re.search(rf"{name}-(?:(\d+)x(\d+)-)?n\d+\.json$", path)
         files.append(path)
+        columns, labels = EXTRA.get(name, ([], []))
         with open(path) as f:
-            lab, other = json.load(f)
+            lab, other, *extra = json.load(f)
+        if len(extra) > len(labels):
+            raise BenchTableError(f"{path}: {2 + len(extra)} series, bench_table.py reads at most {2 + len(labels)}")
         bench = f"`{name}.py`, n = {n}" + (f", {shape.group(1)} × {shape.group(2)} nodes"
                                            if shape and shape.group(1) else "")
         txt = path[:-5] + ".txt"
@@ -134,13 +140,15 @@ def side_by_side(dirname: str, name: str, series: list, notes: list, mpis: set, 
             files.append(txt)
             comments, rows = table_lines(txt)
             header(comments, ["size", "algo/proto", "lab", "us", "lab", "busbw", peer, "us", peer, "busbw",
-                              f"lab/{peer}"], txt)
+                              f"lab/{peer}", *columns], txt)
             protos = proto_ranges(rows)
             mpis.update(filter(None, [mpi_name(comments)]))
             notes += [f"{bench}: {g}" for g in goals(comments)]
         series.append((bench, f"nccl-lab ({protos})" if protos else "nccl-lab",
                        {p["size"]: (p["time_us"], p["busbw"]) for p in lab["points"]}))
         series.append((bench, peer_label, {p["size"]: (p["time_us"], p["busbw"]) for p in other["points"]}))
+        for label, more in zip(labels, extra):
+            series.append((bench, label, {p["size"]: (p["time_us"], p["busbw"]) for p in more["points"]}))
 
 
 def read(dirname: str) -> dict:

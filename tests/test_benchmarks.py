@@ -28,7 +28,7 @@ VERDICT = r"(?:met|NOT met)$"  # how every goal line ends (issue 27's goals: the
 TINY = {
     "allreduce_vs_gloo.py": (["mpirun", "-n", "2"], ["--nodes", "2", "-b", "8", "-e", "64", "-f", "8", "-n", "3",
                                                      "--rounds", "1", "--json", "{out}/gloo.json"],
-                             ROW + r"\w+/\w+\s+(?:[\d.]+\s+){4}[\d.]+\s*$(?s:.*)"
+                             ROW + r"\w+/\w+\s+(?:[\d.]+\s+){6}[\d.]+\s*$(?s:.*)"
                              r"^# check .*NCCL's order: 0 wrong; Gloo within float32 rounding .*: 0 wrong$\n"
                              r"^# goal 2 x 1 vs Gloo: busbw >= 1.0x at every size: lowest [\d.]+x at (?:8|64) B -> "
                              + VERDICT + r"\n^# goal 2 x 1 vs Gloo: busbw >= 1.2x at >= 16 MiB: no size measured there "
@@ -42,7 +42,10 @@ TINY = {
                             + VERDICT),
     "latency.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "8", "--rounds", "1", "-n", "2"],
                    ROW + r"(?:[\d.]+\s+){4}[\d.]+(?s:.*)^# check: every protocol bitwise .*: 0 wrong$\n"
-                   r"^# goal protocol order at 8 B: LL [\d.]+ < LL128 [\d.]+ < Simple [\d.]+ us -> " + VERDICT),
+                   r"^# wire floor \(wire_floor.py: .*\): LL [\d.]+ us, LL128 [\d.]+ us, Simple [\d.]+ us$\n"
+                   r"^# goal protocol order at 8 B: LL [\d.]+ < LL128 [\d.]+ < Simple [\d.]+ us -> (?:met|NOT met"
+                   r"(?: \(floor: a hop of LL128's 2048-byte wire slice costs [\d.]+ us against Simple's data and tail "
+                   r"[\d.]+ us on this machine\))?)$"),
     "net_ib_vs_socket.py": ([], ["-g", "2", "-b", "8", "-e", "8", "-n", "2", "-o", "{out}"],
                             ROW + r"(?:[\d.]+\s+){6}[\d.]+\s*$(?s:.*)8 B AllReduce latency: IB \d+ us"),
     "net_vs_shm.py": ([], ["-g", "2", "-b", "8", "-e", "8", "--rounds", "1"], ROW + r"(?:[\d.]+\s+){6}[\d.]+"),
@@ -61,7 +64,9 @@ TINY = {
 }
 
 
-HELPERS = {"timing.py", "checks.py"}  # imported by the benchmarks (their side-by-side timer), not run
+# imported by the benchmarks (their side-by-side timer, checks, and the floors measured beside them), not run alone;
+# the floors run inside their benchmarks' tiny runs (allreduce_vs_gloo.py at 2 x 1, latency.py)
+HELPERS = {"timing.py", "checks.py", "tcp_floor.py", "wire_floor.py"}
 
 
 DRAWS = {"bench_curves.py"}  # reads ./lab bench's folder: tested below on series files written here
@@ -102,13 +107,30 @@ def test_benchmark_runs_tiny_and_prints_its_table(script, tmp_path):
 def gloo_json_holds_both_lines(path, printed):
     """``allreduce_vs_gloo.py --json``: ours and Gloo's series, the printed sizes and times, the shape in both."""
     from visualize import curves
-    lab, gloo = curves.load_series(str(path))
+    lab, gloo, floor = curves.load_series(str(path))  # 2 x 1: every hop over TCP, so the floor is measured
     assert lab["label"] == "nccl-lab AllReduce n=2, 2 x 1 nodes, beside Gloo", lab
     assert gloo["label"].startswith("Gloo all_reduce n=2, 2 x 1 nodes (torch "), gloo
-    assert lab["size"] == gloo["size"] == [8, 64]
+    assert floor["label"] == "a ring's bytes alone over loopback TCP n=2, 2 x 1 nodes (tcp_floor.py)", floor
+    assert lab["size"] == gloo["size"] == floor["size"] == [8, 64]
     rows = [line.split() for line in printed.splitlines() if re.match(r"^\s+\d+\s", line)]
-    assert [float(r[2]) for r in rows] == pytest.approx([p["time_us"] for p in json.load(open(path))[0]["points"]],
-                                                        abs=0.051)
+    series = json.load(open(path))
+    for column, k in ((2, 0), (4, 1), (7, 2)):  # lab, Gloo and the floor: printed and saved alike
+        assert [float(r[column]) for r in rows] == pytest.approx([p["time_us"] for p in series[k]["points"]],
+                                                                 abs=0.051), (column, rows)
+
+
+def test_gloo_goal_names_the_tcp_floor_where_it_is_under_the_ratio_asked():
+    """A goal NOT met says so when even a ring's bytes alone over TCP stay under the ratio: the floor's point at
+    16 MiB reaches 1.1x Gloo's busbw, under 1.2x; met goals and floors above the ratio add nothing."""
+    sys.path.insert(0, str(BENCH))
+    from allreduce_vs_gloo import goals
+    pt = lambda size, bw: {"size": size, "busbw": bw}  # noqa: E731
+    lab, gloo = [pt(8, 2.0), pt(16 << 20, 0.8)], [pt(8, 1.0), pt(16 << 20, 1.0)]
+    lines = goals("4 x 1", lab, gloo, [pt(8, 5.0), pt(16 << 20, 1.1)])
+    assert lines[0].endswith("lowest 0.80x at 16777216 B -> NOT met"), lines   # 1.1x > 1.0x: no floor note
+    assert lines[1].endswith("-> NOT met (floor: at 16777216 B a ring's bytes alone over loopback TCP reach 1.10x "
+                             "Gloo's busbw, under the 1.2x asked)"), lines
+    assert goals("4 x 1", lab, gloo, None) == [line.split(" (floor")[0] for line in lines]
 
 
 def side_by_side_json_holds_both_lines(path):
@@ -172,13 +194,17 @@ def test_main_job_hands_the_runner_flags_to_every_run_and_plots_the_side_by_side
 
 
 # --- ./lab bench's folder: its curves and its table ---------------------------------------------------------------
-def series_file(path, lab_label, peer_label, points):
-    """A side-by-side --json file: ours and the peer's points {size: (lab us, lab busbw, peer us, peer busbw)}."""
-    path.write_text(json.dumps([
-        {"label": lab_label, "points": [{"size": s, "time_us": v[0], "busbw": v[1], "algbw": v[1]}
-                                        for s, v in points.items()]},
-        {"label": peer_label, "points": [{"size": s, "time_us": v[2], "busbw": v[3], "algbw": v[3]}
-                                         for s, v in points.items()]}]))
+def series_file(path, lab_label, peer_label, points, floor_label=None):
+    """A side-by-side --json file: ours and the peer's points {size: (lab us, lab busbw, peer us, peer busbw[,
+    floor us, floor busbw])}, and with ``floor_label`` the third series (allreduce_vs_gloo's TCP floor)."""
+    series = [{"label": lab_label, "points": [{"size": s, "time_us": v[0], "busbw": v[1], "algbw": v[1]}
+                                              for s, v in points.items()]},
+              {"label": peer_label, "points": [{"size": s, "time_us": v[2], "busbw": v[3], "algbw": v[3]}
+                                               for s, v in points.items()]}]
+    if floor_label:
+        series.append({"label": floor_label, "points": [{"size": s, "time_us": v[4], "busbw": v[5], "algbw": v[5]}
+                                                        for s, v in points.items()]})
+    path.write_text(json.dumps(series))
 
 
 def bench_dir(tmp_path):
@@ -187,17 +213,19 @@ def bench_dir(tmp_path):
                 "MPI Allreduce n=2 (MPICH)", {8: (5.0, 0.001, 2.5, 0.002), 1 << 21: (900.0, 2.33, 800.0, 2.62)})
     series_file(tmp_path / "allreduce_vs_mpi-n4.json", "nccl-lab AllReduce Ring n=4, beside MPI",
                 "MPI Allreduce n=4 (MPICH)", {8: (9.0, 0.001, 4.0, 0.003), 1 << 21: (1900.0, 1.6, 1000.0, 3.1)})
-    series_file(tmp_path / "allreduce_vs_gloo-4x1-n4.json", "nccl-lab AllReduce n=4, 4 x 1 nodes, beside Gloo",
-                "Gloo all_reduce n=4, 4 x 1 nodes (torch 2.13.0+cpu)", {8: (40.0, 0.0003, 60.0, 0.0002),
-                                                                       16 << 20: (9e4, 0.28, 7e4, 0.36)})
-    series_file(tmp_path / "allreduce_vs_gloo-2x2-n4.json", "nccl-lab AllReduce n=4, 2 x 2 nodes, beside Gloo",
-                "Gloo all_reduce n=4, 2 x 2 nodes (torch 2.13.0+cpu)", {8: (30.0, 0.0004, 60.0, 0.0002),
-                                                                       16 << 20: (5e4, 0.5, 7e4, 0.36)})
+    for shape, points in (("4x1", {8: (40.0, 0.0003, 60.0, 0.0002, 20.0, 0.0006),
+                                   16 << 20: (9e4, 0.28, 7e4, 0.36, 6.5e4, 0.39)}),
+                          ("2x2", {8: (30.0, 0.0004, 60.0, 0.0002, 20.0, 0.0006),
+                                   16 << 20: (5e4, 0.5, 7e4, 0.36, 6.5e4, 0.39)})):
+        nodes = shape.replace("x", " x ")
+        series_file(tmp_path / f"allreduce_vs_gloo-{shape}-n4.json", f"nccl-lab AllReduce n=4, {nodes} nodes, "
+                    f"beside Gloo", f"Gloo all_reduce n=4, {nodes} nodes (torch 2.13.0+cpu)", points,
+                    "a ring's bytes alone over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)" if shape == "4x1" else None)
     (tmp_path / "allreduce_vs_gloo-4x1-n4.txt").write_text(
         "# AllReduce float32 sum, n=4 as 4 x 1 emulated nodes (...): nccl-lab (...) vs torch.distributed Gloo\n"
-        "#       size   algo/proto     lab us  lab busbw    gloo us gloo busbw lab/gloo\n"
-        "           8  Tree/Simple       40.0       0.00       60.0       0.00     1.50\n"
-        "    16777216  Ring/Simple    90000.0       0.28    70000.0       0.36     0.78\n"
+        "#       size   algo/proto     lab us  lab busbw    gloo us gloo busbw lab/gloo     tcp us  tcp busbw\n"
+        "           8  Tree/Simple       40.0       0.00       60.0       0.00     1.50       20.0       0.00\n"
+        "    16777216  Ring/Simple    90000.0       0.28    70000.0       0.36     0.78    65000.0       0.39\n"
         "# goal 4 x 1 vs Gloo: busbw >= 1.2x at >= 16 MiB: lowest 0.78x at 16777216 B -> NOT met\n")
     (tmp_path / "tuning_check-n4.txt").write_text(
         "#       size         pick   pick us     Ring/LL  Ring/LL128 Ring/Simple    Tree/LL  Tree/LL128 Tree/Simple"
@@ -215,6 +243,8 @@ def test_bench_table_reads_the_gloo_series_and_every_goal_line(tmp_path):
     assert ("| `allreduce_vs_gloo.py`, n = 4, 4 × 1 nodes | nccl-lab (Tree/Simple to 8 B, Ring/Simple above) | 40.0 |"
             in out), out
     assert "| `allreduce_vs_gloo.py`, n = 4, 2 × 2 nodes | Gloo `all_reduce` | 60.0 |" in out, out
+    assert ("| `allreduce_vs_gloo.py`, n = 4, 4 × 1 nodes | a ring's bytes alone over loopback TCP | 20.0 |  | 0.39 |"
+            in out), out
     assert "| `allreduce_vs_mpi.py`, n = 4 | MPI `Allreduce` | 4.00 |" in out, out
     assert ("* `allreduce_vs_gloo.py`, n = 4, 4 × 1 nodes: goal 4 x 1 vs Gloo: busbw >= 1.2x at >= 16 MiB: lowest "
             "0.78x at 16777216 B -> NOT met") in out, out
@@ -231,7 +261,8 @@ def test_bench_curves_draw_one_panel_per_n_with_the_json_points(tmp_path):
     assert sorted(drawn["n = 4"]) == sorted([
         "nccl-lab AllReduce Ring n=4, beside MPI", "MPI Allreduce n=4 (MPICH)",
         "nccl-lab AllReduce n=4, 4 x 1 nodes, beside Gloo", "Gloo all_reduce n=4, 4 x 1 nodes (torch 2.13.0+cpu)",
-        "nccl-lab AllReduce n=4, 2 x 2 nodes, beside Gloo", "Gloo all_reduce n=4, 2 x 2 nodes (torch 2.13.0+cpu)"])
+        "nccl-lab AllReduce n=4, 2 x 2 nodes, beside Gloo", "Gloo all_reduce n=4, 2 x 2 nodes (torch 2.13.0+cpu)",
+        "a ring's bytes alone over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)"])
     for f in files:  # every point of every file, as drawn
         for s in json.loads(open(f).read()):
             n = "n = 4" if "n=4" in s["label"] else "n = 2"

@@ -1,0 +1,93 @@
+"""The floor under any ring AllReduce whose every hop crosses loopback TCP: the ring's bytes alone, measured in
+the same processes as ``allreduce_vs_gloo.py``'s two sides.
+
+A ring AllReduce of ``S`` bytes over ``n`` ranks sends ``2(n-1)/n * S`` bytes to the next rank and receives as many
+from the previous one (``runRing``: 2(n-1) steps of one chunk; Gloo's ring moves the same).  ``TcpRing.move`` does
+exactly that and nothing else: one thread ``sendall``s to the next rank while the caller ``recv_into``s from the
+previous one, in 4 MiB pieces, each call a C loop with the interpreter lock released; no reduction, no protocol,
+no copy of ours.  Whatever moves those bytes through the kernel's TCP stack pays at least this, so when Gloo's time
+is already close to it, busbw much above Gloo's is out of reach for the lab too.
+
+The sockets are this benchmark's own, on 127.0.0.1: each connection starts with a token that rank 0 drew and MPI
+broadcast, and the listener drops any connection that does not present it.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import numpy as np
+
+PIECE = 4 << 20
+
+
+class TcpRing:
+    """Rank r connected to r + 1 (send) and r - 1 (receive) over loopback TCP; ``world`` is an mpi4py
+    communicator."""
+
+    def __init__(self, world):
+        self.world = world
+        n, r = world.size, world.rank
+        token = world.bcast(os.urandom(8) if r == 0 else None)
+        srv = socket.socket()
+        srv.bind(("127.0.0.1", 0))
+        srv.listen(4)
+        srv.settimeout(30)
+        ports = world.allgather(srv.getsockname()[1])
+        self.next = socket.create_connection(("127.0.0.1", ports[(r + 1) % n]), timeout=30)
+        self.next.sendall(token)
+        while True:  # the previous rank's connection: the one that presents the token
+            conn, _ = srv.accept()
+            conn.settimeout(30)
+            got = b""
+            try:
+                while len(got) < len(token):
+                    part = conn.recv(len(token) - len(got))
+                    if not part:
+                        break
+                    got += part
+            except OSError:
+                got = b""
+            if got == token:
+                self.prev = conn
+                break
+            conn.close()
+        srv.close()
+        self.buf = np.zeros(0, np.uint8)
+
+    def move(self, nbytes: int) -> None:
+        """Send ``nbytes`` to the next rank while receiving as many from the previous one."""
+        if self.buf.size < nbytes:
+            self.buf = np.ones(nbytes, np.uint8)
+            self.rbuf = np.empty(nbytes, np.uint8)
+        send_view, recv_view = memoryview(self.buf)[:nbytes], memoryview(self.rbuf)[:nbytes]
+        errors: list = []
+
+        def send() -> None:
+            try:
+                for at in range(0, nbytes, PIECE):
+                    self.next.sendall(send_view[at:at + PIECE])
+            except OSError as exc:
+                errors.append(exc)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        at = 0
+        while at < nbytes:
+            got = self.prev.recv_into(recv_view[at:at + PIECE])
+            if not got:
+                raise ConnectionError("tcp_floor: the previous rank closed its connection")
+            at += got
+        sender.join()
+        if errors:
+            raise errors[0]
+
+    def ring_allreduce_bytes(self, size: int) -> int:
+        """What a ring AllReduce of ``size`` bytes sends each way per rank: 2(n-1) chunks of size/n."""
+        n = self.world.size
+        return 2 * (n - 1) * -(-size // n)
+
+    def close(self) -> None:
+        self.next.close()
+        self.prev.close()
