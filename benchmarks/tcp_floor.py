@@ -36,6 +36,7 @@ class TcpRing:
         srv.settimeout(30)
         ports = world.allgather(srv.getsockname()[1])
         self.next = socket.create_connection(("127.0.0.1", ports[(r + 1) % n]), timeout=30)
+        self.next.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as every peer's sockets: no Nagle wait
         self.next.sendall(token)
         while True:  # the previous rank's connection: the one that presents the token
             conn, _ = srv.accept()
@@ -51,6 +52,7 @@ class TcpRing:
                 got = b""
             if got == token:
                 self.prev = conn
+                self.prev.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 break
             conn.close()
         srv.close()

@@ -47,18 +47,19 @@ def _one_call(comm, seed: int, dtype: str, op: str, count: int, in_place: bool, 
     coll = BY_CLI["allreduce"]
     want = coll.reference(xs, r, op, -1, **independent_config(comm, "AllReduce", count, dt))
     # a few bytes of data can equal the poison by chance (CI once saw an int8 min of one element do so on two
-    # ranks); a FIFO that kept the poison is looked at again with the complement (no byte equals both)
+    # ranks), so a payload that small is run again with the complement (no byte equals both): untouched means
+    # untouched in both.  Every rank runs both calls: deciding from its own FIFOs made the ranks' call sequences
+    # differ (CI: "collective mismatch ... count=1 ... count=13")
+    untouched = True
     for poison in (POISON, 0xFF ^ POISON) if out.nbytes <= 64 else (POISON,):
         out[...] = poisoned(count, dt)  # every try starts from a poisoned output (in place: then the input)
         if in_place:
             send[...] = xs[r]
         _poison_fifos(comm, poison)
         got = comm.all_reduce(send, out=out, op=op)
-        untouched = _fifos_untouched(comm, poison)
+        untouched = _fifos_untouched(comm, poison) and untouched
         same(got, want, f"rank {r}: registered AllReduce {dtype} {op} count={count} in_place={in_place} "
                         f"{compiled_ring.SWITCHES['Simple']}={os.environ.get(compiled_ring.SWITCHES['Simple'], '1')}")
-        if not untouched:
-            break
     for h in handles:
         comm.deregister(h)
     return untouched

@@ -3,6 +3,7 @@
 and odd size, edge values included, over SHM and over NET with its proxy, with ranks that sleep (more ranks than
 cores); a mismatch still named; what runs compiled, and the INFO line that says so.  Simple's own checks (small
 FIFOs, slices, the loops, compiled and readable ranks together) are in ``test_simple_compiled.py``."""
+import re
 import time
 
 import numpy as np
@@ -41,6 +42,20 @@ def test_compiled_matches_readable_over_net_with_sleeping_ranks(proto, counts):
                 ops=["sum", "max" if proto != "Simple" else "min"], channels=1, colls=ALL, proto=proto)
     proc = run_ranks(4, "compiled_paths", case.arg(), nodes=2)
     assert proc.stdout.count(" ok ") == 4, proc.stdout
+
+
+@pytest.mark.parametrize("n,nodes,mixed,fan", [(5, 1, False, 1), (6, 3, False, 2), (6, 3, True, 2)])
+def test_compiled_tree_matches_readable(n, nodes, mixed, fan):
+    # Tree/Simple AllReduce (runTreeSplit) compiled against the readable primitives, bitwise: a chain on one node
+    # (one peer each way); 3 emulated nodes x 2 over NET, whose trees give a rank two down peers (FanAsymmetric<3,
+    # 1> up, <1, 3> down), also with compiled and readable ranks in one collective (sharing FIFOs, head, tail and
+    # step counters).
+    case = Case(counts=[1, 1001, 70_001], dtypes=["float32", "int64"], ops=["sum", "prod", "max", "min"],
+                channels=1, colls=["allreduce"], proto="Simple", mixed=mixed)
+    proc = run_ranks(n, "compiled_paths", case.arg(), nodes=nodes, env={"NCCL_ALGO": "Tree"})
+    assert proc.stdout.count(" ok ") == n, proc.stdout
+    fans = [int(f) for f in re.findall(r"tree fan (\d+)", proc.stdout)]
+    assert max(fans) == fan, proc.stdout
 
 
 def test_compiled_waits_of_oversubscribed_ranks_leave_no_sleep_mark():

@@ -442,9 +442,10 @@ def edge_inputs(seed: int, n: int, count: int, dt) -> list[np.ndarray]:
 
 
 def compiled_paths(args: list[str]) -> None:
-    """compiled_paths CASE: every collective, type, op and count of CASE over CASE's protocol (LL or Simple), once
-    compiled (``device/compiled``) and once through the readable primitives (NCCLLAB_LL_COMPILED=0 or
-    NCCLLAB_SIMPLE_COMPILED=0); both must give the same bits, and the compiled run must have run compiled."""
+    """compiled_paths CASE: every collective, type, op and count of CASE over CASE's protocol (LL, LL128 or Simple),
+    once compiled (``device/compiled``) and once through the readable primitives (NCCLLAB_LL_COMPILED=0 or
+    NCCLLAB_SIMPLE_COMPILED=0); both must give the same bits, and the compiled run must have run compiled (rings,
+    and Tree/Simple AllReduce: NCCL_ALGO=Tree in the environment makes every AllReduce a tree)."""
     from collectives.device import compiled as compiled_ring
     case = Case(**json.loads(args[0]))
     results = []
@@ -478,9 +479,10 @@ def compiled_paths(args: list[str]) -> None:
                                 res = coll.call(comm, send, out, op, root)
                                 ran = any(c is not None for k, t in comm._tasks.items() for c in t.compiled.values()
                                           if k[:3] == (coll.name, count, dt))
+                                algo = comm.plan(coll.name, count, dt).algo  # rings, and Tree/Simple
                                 expect = (compiled_here and count > 0 and dtype not in ("float16", "bfloat16")
                                           and (op != "avg" or coll.name in ("AllGather", "Broadcast"))
-                                          and comm.plan(coll.name, count, dt).algo == "Ring")
+                                          and (algo == "Ring" or (algo == "Tree" and case.proto == "Simple")))
                                 assert ran == expect, f"rank {r}: {coll.name} {dtype} {op} {count}: compiled {ran}"
                                 got.append((f"{coll.name} {dtype} {op} count={count} in_place={in_place}",
                                             bits(np.asarray(res)).copy()))
@@ -495,7 +497,8 @@ def compiled_paths(args: list[str]) -> None:
             bad = np.flatnonzero(a != b)
             raise AssertionError(f"rank {r}: {what}: compiled and readable {case.proto} differ at {len(bad)} elements, "
                                  f"first {bad[:4]}: {a[bad[:2]]} vs {b[bad[:2]]}")
-    print(f"rank {r} ok {len(results[0][1])} calls", flush=True)
+    fan = max((len([d for d in ch.tree.down if d != -1]) for ch in comm.channels if ch.tree is not None), default=0)
+    print(f"rank {r} ok {len(results[0][1])} calls, tree fan {fan}", flush=True)
 
 
 def buff_sizes(args: list[str]) -> None:

@@ -15,14 +15,19 @@ Everything ``run_ops`` touches is in one int64 control array (``compiled_common`
 signature, and per channel the addresses of its FIFOs, head, tail, sleep marks and step counters plus where it
 stands), so a call costs four arguments.
 
-A call runs here when the plan is a ring (LL, LL128 or Simple), nothing is traced (the trace needs the readable
-path's events), the type is one numba computes natively (not float16/bfloat16) and the op is not avg;
-``NCCLLAB_LL_COMPILED=0``, ``NCCLLAB_LL128_COMPILED=0`` and ``NCCLLAB_SIMPLE_COMPILED=0`` turn each off, and the
-communicator says at INFO which path runs.  ``run_ops`` spins at most ``max_idle`` rounds without progress, then
+A tree (``runTreeSplit``, Simple) is recorded the same way, one row per thread group: the root's, or a rank's
+reduce group (receiving from ``down[]``, sending to ``up``) and broadcast group (the other way); the Simple kernel
+waits on, reduces from and posts to every peer of a row, as ``FanAsymmetric`` primitives do.
+
+A call runs here when the plan is a ring (LL, LL128 or Simple) or a Tree/Simple AllReduce (``runTreeSplit``, not
+``NCCLLAB_TREE_UPDOWN``), nothing is traced (the trace needs the readable path's events), the type is one numba
+computes natively (not float16/bfloat16) and the op is not avg; ``NCCLLAB_LL_COMPILED=0``,
+``NCCLLAB_LL128_COMPILED=0`` and ``NCCLLAB_SIMPLE_COMPILED=0`` turn each protocol off, and the communicator says
+at INFO which path runs.  ``run_ops`` spins at most ``max_idle`` rounds without progress, then
 returns what each channel waits for, so that the kernel's wait policy (yield, futex sleep, health checks, deadline,
 hang report) stays the one in ``common.Kernel``; with more ranks than cores it first waits itself, the way
 ``Kernel.run`` would (``compiled_common.blocked``).  User buffers that partly overlap never get here
-(``api.check_overlap`` refuses them); exact in-place calls agree.  The tree is not compiled: it runs the readable
+(``api.check_overlap`` refuses them); exact in-place calls agree.  Tree/LL and Tree/LL128 run the readable
 primitives. Deliberate difference: NCCL has only the compiled kernel; this one exists because the Python primitives
 cost tens of microseconds per call, which hides what the protocols are for.
 """
@@ -36,12 +41,13 @@ from collectives.misc import futex
 from collectives.misc.param import env_int
 from tracing import debug
 
-from . import ll_compiled, simple_compiled
+from . import all_reduce, ll_compiled, simple_compiled
 from .compiled_common import (CANON, CLEAN_MASK, COLS, DESC_COLS, DESC_ROWS, DONE, END, FIFO, FIRST, FLAG_MOD,
-                              HEADER, IS_FLOAT, LL128, MAX_IDLE, MISMATCH, MOVES, MY_DESC, NCH, PC, PDESC, PROG,
-                              PRIM, PRIMS, R_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, RHEAD, RREG, RSTAGE, RSTEP_W, RTAIL,
-                              RWORDS, S_DOORBELL, SREG, S_HEADSLEEP, S_TAILSLEEP, SHEAD, SLEEPS, SPC, SPS, SSTAGE, SSTEP_W, STAIL,
-                              STEP_BYTES, SWORDS, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, WSTEP, YIELDS)
+                              HEADER, IS_FLOAT, LL128, MAX_IDLE, MAX_PEERS, MISMATCH, MOVES, MY_DESC, NCH, NRECV,
+                              NSEND, PC, PDESC, PROG, PRIM, PRIMS, R_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, RB, RHEAD,
+                              RREG, RSTAGE, RSTEP_W, RTAIL, RWORDS, S_DOORBELL, S_HEADSLEEP, S_TAILSLEEP, SB, SHEAD,
+                              SLEEPS, SPC, SPS, SREG, SSTAGE, SSTEP_W, STAIL, STEP_BYTES, SWORDS, WAIT, WAIT_HEAD,
+                              WAIT_MISMATCH, WAIT_TAIL, WPEER, WSTEP, YIELDS)
 from .reduce_copy import CANONICAL_NAN
 
 SUPPORTED = {np.dtype(t) for t in (np.int8, np.uint8, np.int32, np.uint32, np.int64, np.uint64, np.float32,
@@ -56,17 +62,25 @@ def enabled(proto: str = "LL") -> bool:
 
 def eligible(plan, dtype: np.dtype, redop_name: str, tracing: bool) -> bool:
     """Whether a call runs here rather than through the readable primitives."""
-    return (plan.algo == "Ring" and plan.proto in SWITCHES and not tracing and np.dtype(dtype) in SUPPORTED
-            and (redop_name != "avg" or plan.func in ("AllGather", "Broadcast")) and enabled(plan.proto))
+    tree = plan.algo == "Tree" and plan.proto == "Simple" and not env_int("NCCLLAB_TREE_UPDOWN", 0)
+    return ((plan.algo == "Ring" or tree) and plan.proto in SWITCHES and not tracing
+            and np.dtype(dtype) in SUPPORTED and (redop_name != "avg" or plan.func in ("AllGather", "Broadcast"))
+            and enabled(plan.proto))
 
 
 class _Recorder:
     """Stands in for a primitives object: each named primitive appends one row and moves nothing.  ``max_bytes``:
     the most one call may carry (LL: one step; Simple: one slice of StepPerSlice steps), which the readable
-    primitives refuse or cannot slice and numba would not check."""
+    primitives refuse or cannot slice and numba would not check.  ``recv``/``send``: the connectors of a tree's
+    thread group (NCCL's ``Primitives`` constructor arguments), kept for its row."""
 
-    def __init__(self, esize: int, max_bytes: int, slices: int = 1):
+    def __init__(self, esize: int, max_bytes: int, slices: int = 1, recv=(), send=()):
         self.esize, self.max_bytes, self.slices, self.rows = esize, max_bytes, slices, []
+        self.recv_conns, self.send_conns = list(recv), list(send)
+
+    def finished(self, gen):
+        """A thread group's work, then the destructor (nothing to save: the kernel keeps the steps)."""
+        yield from gen
 
     def _add(self, prim: str, recv: int, send: int, src, dst, nelem: int, from_output: int = 0):
         nelem = max(nelem, 0)
@@ -110,11 +124,44 @@ def record(run, ring, work, nranks: int, root: int, in_place: bool, esize: int, 
     rec = _Recorder(esize, max_bytes, slices)
     for _ in run(rec, ring, work, nranks, root, in_place):
         pass
+    return _calls(rec)
+
+
+def _calls(rec: _Recorder) -> np.ndarray:
     return np.array(rec.rows, np.int64).reshape(-1, 7)
 
 
+def record_tree(ch, work, esize: int, max_bytes: int) -> list[tuple[np.ndarray, list, list, int]]:
+    """``runTreeSplit`` on one channel's work, as (calls, receive connectors, send connectors, thread group) per
+    thread group: the root's one, or the reduce and the broadcast group (``all_reduce.run_tree_split``)."""
+    recorders = []
+
+    def prims(recv_peers, send_peers, group: int):  # launch._tree_works' constructor, recording
+        rec = _Recorder(esize, max_bytes, 1, [ch.recv_from[p] for p in recv_peers if p != -1],
+                        [ch.send_to[p] for p in send_peers if p != -1])
+        if len(rec.recv_conns) > MAX_PEERS or len(rec.send_conns) > MAX_PEERS:
+            raise ValueError(f"a tree group with more than {MAX_PEERS} peers on one side")
+        rec.group = group
+        recorders.append(rec)
+        return rec
+
+    for gen in all_reduce.run_tree_split(prims, ch.tree, work):
+        for _ in gen:
+            pass
+    return [(_calls(r), r.recv_conns, r.send_conns, r.group) for r in recorders]
+
+
+class _Row:
+    """One row of a compiled plan: a ring channel, or one thread group of a tree channel, with its connectors."""
+    __slots__ = ("channel", "group", "recv", "send")
+
+    def __init__(self, channel, group: int, recv: list, send: list):
+        self.channel, self.group, self.recv, self.send = channel, group, recv, send
+
+
 class Compiled:
-    """One plan of one communicator, ready to run: the recorded calls of every channel and the memory they use."""
+    """One plan of one communicator, ready to run: the recorded calls of every row (ring channel, or tree thread
+    group) and the memory they use."""
 
     def __init__(self, plan, run, channels: list, nranks: int, root: int, in_place: bool, dtype: np.dtype,
                  pages: dict, my_page):
@@ -124,43 +171,59 @@ class Compiled:
         spc, sps = (plan.chunk_steps // plan.slice_steps, plan.slice_steps) if proto == "Simple" else (1, 1)
         max_bytes = {"Simple": step_bytes * sps, "LL": step_bytes // 2,  # LL128: whole wire slices of 1920 B
                      "LL128": step_bytes // 2048 * ll_compiled.LL128_SLICE_DATA}[proto]
-        progs = [record(run, channels[w.channel].ring, w, nranks, root, in_place, dtype.itemsize, max_bytes, spc)
-                 for w in plan.works]
+        progs, self.rows, self.ring = [], [], plan.algo == "Ring"
+        for w in plan.works:
+            ch = channels[w.channel]
+            if plan.algo == "Tree":
+                for calls, recv, send, group in record_tree(ch, w, dtype.itemsize, max_bytes):
+                    progs.append(calls)
+                    self.rows.append(_Row(ch, group, recv, send))
+            else:
+                progs.append(record(run, ch.ring, w, nranks, root, in_place, dtype.itemsize, max_bytes, spc))
+                self.rows.append(_Row(ch, 0, [ch.recv], [ch.send]))
         self.prog = np.ascontiguousarray(np.concatenate(progs), np.int64)
-        self.channels = [channels[w.channel] for w in plan.works]
         self.keep = [self.prog]  # everything whose address is in ctl stays alive as long as this object
-        self.rfifo: list[int] = []  # per channel: its NET receive's connFifo (0: not NET)
+        self.rfifo: list[int] = []  # per row: its NET receive's connFifo (0: not NET, or not a ring)
         self.registered = False
         self.waits: tuple | None = None  # the wait policy last written to ctl (``run``)
-        ctl = self.ctl = np.zeros(HEADER + COLS * len(self.channels), np.int64)
+        ctl = self.ctl = np.zeros(HEADER + COLS * len(self.rows), np.int64)
         addr = lambda a: self.keep.append(a) or futex.address(a)  # noqa: E731
         first = 0
-        for c, (ch, prog) in enumerate(zip(self.channels, progs)):
-            rc, sc = ch.recv, ch.send
-            page = pages.get(rc.peer)
+        for c, (r, prog) in enumerate(zip(self.rows, progs)):
             row = self.row(c)
-            if proto != "Simple":  # LL and LL128 read and write 64-bit words, through a staging buffer each way
+            row[NRECV], row[NSEND] = len(r.recv), len(r.send)
+            for b, rc in enumerate(r.recv):
+                page = pages.get(rc.peer)
+                at = b * RB
+                words = rc.words[proto] if proto != "Simple" else rc.buffs[proto]  # LL/LL128: 64-bit words
+                row[[RWORDS + at, RHEAD + at, RTAIL + at, R_HEADSLEEP + at, R_TAILSLEEP + at, R_DOORBELL + at,
+                     RSTEP_W + at]] = [addr(words), addr(rc.head), addr(rc.tail), addr(rc.head_sleep),
+                                       addr(rc.tail_sleep), addr(rc.doorbell), addr(rc.step_word)]
+                row[PDESC + at] = addr(page.desc) if page is not None else 0  # a remote peer has no page
+            for b, sc in enumerate(r.send):
+                at = b * SB
+                words = sc.words[proto] if proto != "Simple" else sc.buffs[proto]
+                row[[SWORDS + at, SHEAD + at, STAIL + at, S_TAILSLEEP + at, S_HEADSLEEP + at, S_DOORBELL + at,
+                     SSTEP_W + at]] = [addr(words), addr(sc.head), addr(sc.tail), addr(sc.tail_sleep),
+                                       addr(sc.head_sleep), addr(sc.doorbell), addr(sc.step_word)]
+                row[FIFO + at] = addr(sc.conn_fifo) if sc.conn_fifo is not None else 0  # proxied: tell the proxy
+            if proto != "Simple":  # LL and LL128 go through a staging buffer each way (rings: one peer a side)
                 nwords = max_bytes // 8
-                row[[RWORDS, SWORDS, RSTAGE, SSTAGE]] = [addr(rc.words[proto]), addr(sc.words[proto]),
-                                                         addr(rc.staging(proto, nwords)),
-                                                         addr(sc.staging(proto, nwords))]
-            else:  # Simple reduces straight between the user buffers and the FIFO slots
-                row[[RWORDS, SWORDS]] = [addr(rc.buffs[proto]), addr(sc.buffs[proto])]
-            row[[SHEAD, RHEAD, RTAIL, STAIL, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, R_TAILSLEEP, R_DOORBELL,
-                 S_HEADSLEEP, RSTEP_W, SSTEP_W]] = [
-                addr(sc.head), addr(rc.head), addr(rc.tail), addr(sc.tail), addr(sc.tail_sleep), addr(sc.doorbell),
-                addr(rc.head_sleep), addr(rc.tail_sleep), addr(rc.doorbell), addr(sc.head_sleep), addr(rc.step_word),
-                addr(sc.step_word)]
-            row[FIFO] = addr(sc.conn_fifo) if sc.conn_fifo is not None else 0  # proxied (NET): tell the proxy
-            self.rfifo.append(addr(rc.conn_fifo) if rc.proxy_conn is not None else 0)  # NetRegMode marks it
-            row[PDESC] = addr(page.desc) if page is not None else 0  # a remote peer has no page to compare
+                row[[RSTAGE, SSTAGE]] = [addr(r.recv[0].staging(proto, nwords)), addr(r.send[0].staging(proto, nwords))]
+            # NetRegMode marks a ring's NET receive (register.py registers rings only)
+            self.rfifo.append(addr(r.recv[0].conn_fifo) if self.ring and r.recv[0].proxy_conn is not None else 0)
             row[FIRST], row[END] = first, first + len(prog)
             first += len(prog)
         ctl[[STEP_BYTES, FLAG_MOD, CLEAN_MASK, IS_FLOAT, NCH, MY_DESC, PROG, DESC_ROWS, DESC_COLS, SPC, SPS]] = [
-            step_bytes, LL_FLAG_MOD, LL_CLEAN_MASK, dtype.kind == "f", len(self.channels), addr(my_page.desc),
+            step_bytes, LL_FLAG_MOD, LL_CLEAN_MASK, dtype.kind == "f", len(self.rows), addr(my_page.desc),
             addr(self.prog), *my_page.desc.shape, spc, sps]
         ctl[LL128] = proto == "LL128"
         ctl[CANON] = np.array(CANONICAL_NAN.get(dtype.itemsize, 0), np.uint64).view(np.int64)
+
+    @property
+    def channels(self) -> list:
+        """Each row's channel (a tree channel once per thread group)."""
+        return [r.channel for r in self.rows]
 
     def run(self, inp: np.ndarray, out: np.ndarray, sig: np.ndarray, waits: tuple) -> int:
         """Start the call and run it until done or blocked: the kernel publishes ``sig`` (and takes the op from it)
@@ -173,14 +236,15 @@ class Compiled:
         return self.kernel(self.ctl, inp, out, sig)  # the kernel copies sig into ctl: a numpy slice copy costs more here
 
     def net_reg(self, on: bool) -> None:
-        """This call uses registered buffers (``register.py``): NetRegMode on each channel's NET peers (Simple)."""
+        """This call uses registered buffers (``register.py``): NetRegMode on each ring channel's NET peers
+        (Simple)."""
         if on == self.registered:
             return
         self.registered = on
-        for c, ch in enumerate(self.channels):
+        for c, r in enumerate(self.rows):
             row = self.row(c)
             row[RREG] = self.rfifo[c] if on else 0
-            row[SREG] = on and ch.send.proxy_conn is not None
+            row[SREG] = on and self.ring and r.send[0].proxy_conn is not None
 
     def resume(self, inp: np.ndarray, out: np.ndarray) -> int:
         return self.kernel(self.ctl, inp, out, self.ctl[:0])
@@ -188,17 +252,25 @@ class Compiled:
     def row(self, c: int) -> np.ndarray:
         return self.ctl[HEADER + COLS * c:HEADER + COLS * (c + 1)]
 
+    def mismatched_peer(self, c: int) -> int:
+        """The receive peer of row ``c`` whose status page showed another call (``WAIT_MISMATCH``)."""
+        return self.rows[c].recv[int(self.row(c)[WPEER])].peer
+
     def describe(self, c: int) -> tuple | None:
-        """What channel ``c`` waits for, as ``Kernel.waiting`` records it (None once it is done)."""
-        row, ch = self.row(c), self.channels[c]
+        """What row ``c`` waits for, as ``Kernel.waiting`` records it (None once it is done)."""
+        row, r = self.row(c), self.rows[c]
         if row[PC] >= row[END]:
             return None
         prim = PRIMS[self.prog[row[PC], PRIM]]
+        b = int(row[WPEER])
         if row[WAIT] == WAIT_HEAD:
-            return ("head", ch.send.peer, int(row[WSTEP]), ch.send.head, ch.send.head_sleep, prim)
+            sc = r.send[b]
+            return ("head", sc.peer, int(row[WSTEP]), sc.head, sc.head_sleep, prim)
         if row[WAIT] == WAIT_TAIL:
-            return ("tail", ch.recv.peer, int(row[WSTEP]), ch.recv.tail, ch.recv.tail_sleep, prim)
-        return (f"{self.proto} flag", ch.recv.peer, int(row[WSTEP]), ch.recv.doorbell, ch.recv.tail_sleep, prim)
+            rc = r.recv[b]
+            return ("tail", rc.peer, int(row[WSTEP]), rc.tail, rc.tail_sleep, prim)
+        rc = r.recv[0]
+        return (f"{self.proto} flag", rc.peer, int(row[WSTEP]), rc.doorbell, rc.tail_sleep, prim)
 
 
 class Cache:
@@ -233,7 +305,7 @@ class Cache:
         pages they keep (``keep``), so that their shared memory can be unmapped at once."""
         for compiled in self.plans.values():
             if compiled is not None:
-                compiled.keep, compiled.channels = [], []
+                compiled.keep, compiled.rows = [], []
         self.plans, self.channels, self.pages, self.my_page = {}, [], {}, None
 
 
@@ -263,14 +335,14 @@ def _resume(kernel, compiled: Compiled, inp, out, status: int):
     ctl = compiled.ctl
     while True:
         if status == MISMATCH:  # the readable check raises, naming both calls
-            c = next(c for c in range(len(compiled.channels)) if compiled.row(c)[WAIT] == WAIT_MISMATCH)
-            kernel.check_peer_op(compiled.channels[c].recv.peer)
+            c = next(c for c in range(len(compiled.rows)) if compiled.row(c)[WAIT] == WAIT_MISMATCH)
+            kernel.check_peer_op(compiled.mismatched_peer(c))
         kernel.progress = int(ctl[MOVES])
         if not kernel.wait_state:  # Kernel.run clears it whenever progress moves: describe each stall once, not
-            for c, ch in enumerate(compiled.channels):  # every try (in Python, holding the GIL the proxy needs)
+            for c, r in enumerate(compiled.rows):  # every try (in Python, holding the GIL the proxy needs)
                 what = compiled.describe(c)
                 if what is not None:
-                    kernel.wait_state[(ch.id, 0)] = what
+                    kernel.wait_state[(r.channel.id, r.group)] = what
         yield
         status = compiled.resume(inp, out)
         if status == DONE:

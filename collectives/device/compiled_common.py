@@ -25,12 +25,24 @@ REC, SND, SRC, DST, NELEM, FROM_OUT, PRIM = range(7)
 DESC_ROWS, DESC_COLS = SIG + 6, SIG + 7
 SLEEPS, YIELDS, SPC, SPS, LL128, MOVES = (DESC_COLS + k for k in range(1, 7))
 HEADER = 24
-# One row per channel: addresses first (RWORDS/SWORDS: the protocol's FIFOs), then where the channel stands.
-# RREG / SREG (Simple): registered buffers on this channel's NET receive (the address of its connFifo) / send (1).
-(RWORDS, SWORDS, SHEAD, RHEAD, RSTAGE, SSTAGE, S_TAILSLEEP, S_DOORBELL, R_HEADSLEEP, FIFO, PDESC, RSTEP_W,
- SSTEP_W, FIRST, END, PC, LINES, RSTEP, SSTEP, CHECKED, WAIT, WSTEP, CREDIT, R_TAILSLEEP, R_DOORBELL,
- S_HEADSLEEP, RTAIL, STAIL, SLICE, RREG, SREG) = range(31)
-COLS = 31
+# One row per thread group: a ring's channel, or one of a tree channel's groups (``runTreeSplit``: the reduce and
+# the broadcast, or the root's one).  First where it stands: the LL staging buffers, its recorded calls [FIRST, END)
+# and PC among them, the line or slice it is at, whether its peers' status pages were checked, what it waits for
+# (WAIT, WSTEP, on which peer: WPEER), LL's credit, and how many peers it receives from and sends to (NCCL's Fan:
+# FanSymmetric<1> on a ring, FanAsymmetric<3, 1> and <1, 3> on a tree).
+(RSTAGE, SSTAGE, FIRST, END, PC, LINES, CHECKED, WAIT, WSTEP, CREDIT, SLICE, NRECV, NSEND, WPEER) = range(14)
+MAX_PEERS = 3  # NCCL_MAX_TREE_ARITY
+# Then MAX_PEERS receive blocks of RB words: the connection's FIFO, its head (ours to write), its tail (the
+# sender's), the sender's sleep mark on head and ours on tail, our doorbell, its step word, the sender's status page
+# (0: a remote peer), the step it is at, and (Simple, registered buffers on a NET receive) its connFifo's address.
+R0, RB = 14, 10
+(RWORDS, RHEAD, RTAIL, R_HEADSLEEP, R_TAILSLEEP, R_DOORBELL, RSTEP_W, PDESC, RSTEP, RREG) = range(R0, R0 + RB)
+# Then MAX_PEERS send blocks of SB words: the FIFO, the receiver's head, our tail, the receiver's sleep mark on
+# tail, ours on head, the receiver's doorbell, the step word, connFifo's address for a proxy (0: none), the step,
+# and (Simple) registered buffers on a NET send (1).
+S0, SB = R0 + MAX_PEERS * RB, 10
+(SWORDS, SHEAD, STAIL, S_TAILSLEEP, S_HEADSLEEP, S_DOORBELL, SSTEP_W, FIFO, SSTEP, SREG) = range(S0, S0 + SB)
+COLS = S0 + MAX_PEERS * SB
 WAIT_HEAD, WAIT_FLAG, WAIT_MISMATCH, WAIT_TAIL = 1, 2, 3, 4
 DONE, BLOCKED, MISMATCH = 0, 1, 2
 PRIMS = ["send", "send_from_output", "copy_send", "recv", "recv_reduce_send", "recv_reduce_copy",
@@ -110,20 +122,32 @@ def begin(ctl, start_sig, chunk_steps):
     ctl[OPCODE], ctl[MOVES] = start_sig[4], 0  # the signature's op is ncclRedOp_t's code (reduce_copy.OPS)
     for c in range(ctl[NCH]):
         st = row(ctl, c)
-        st[PC], st[LINES], st[SLICE], st[WAIT], st[CREDIT], st[CHECKED] = st[FIRST], 0, 0, 0, 0, st[PDESC] == 0
-        st[RSTEP] = -(-i64(st[RSTEP_W])[0] // chunk_steps) * chunk_steps
-        st[SSTEP] = -(-i64(st[SSTEP_W])[0] // chunk_steps) * chunk_steps
+        st[PC], st[LINES], st[SLICE], st[WAIT], st[CREDIT], st[WPEER] = st[FIRST], 0, 0, 0, 0, 0
+        st[CHECKED] = 1
+        for b in range(st[NRECV]):
+            at = b * RB
+            if st[PDESC + at] != 0:  # a local peer's page to compare before its first data (remote: none)
+                st[CHECKED] = 0
+            st[RSTEP + at] = -(-i64(st[RSTEP_W + at])[0] // chunk_steps) * chunk_steps
+        for b in range(st[NSEND]):
+            at = b * SB
+            st[SSTEP + at] = -(-i64(st[SSTEP_W + at])[0] // chunk_steps) * chunk_steps
 
 
 @numba.njit(nogil=True, cache=True)
 def peer_runs_same_call(ctl, st):
-    """Before using a local peer's first data of this call: does its status page show the same call?"""
+    """Before using the local peers' first data of this call: does each one's status page show the same call?
+    False names the first that does not in ``WPEER``."""
     rows, cols = ctl[DESC_ROWS], ctl[DESC_COLS]
-    pdesc = numba.carray(ptr(st[PDESC]), rows * cols, np.int64)
     at = (ctl[SIG] - 1) % rows * cols
-    for k in range(6):
-        if pdesc[at + k] != ctl[SIG + k]:
-            return False
+    for b in range(st[NRECV]):
+        if st[PDESC + b * RB] == 0:
+            continue
+        pdesc = numba.carray(ptr(st[PDESC + b * RB]), rows * cols, np.int64)
+        for k in range(6):
+            if pdesc[at + k] != ctl[SIG + k]:
+                st[WPEER] = b
+                return False
     return True
 
 
@@ -139,13 +163,13 @@ def next_blocked(ctl, nch):
 
 @numba.njit(nogil=True, cache=True)
 def _wait_words(ctl, c):
-    """(the word channel ``c`` sleeps on, its sleep mark): head for credit, tail for Simple data, the reader's
-    doorbell for LL flags."""
+    """(the word row ``c`` sleeps on, its sleep mark): the head of the send peer it waits on for credit, the tail
+    of the receive peer for Simple data, the reader's doorbell for LL flags."""
     st = row(ctl, c)
     if st[WAIT] == WAIT_HEAD:
-        return st[SHEAD], st[S_HEADSLEEP]
+        return st[SHEAD + st[WPEER] * SB], st[S_HEADSLEEP + st[WPEER] * SB]
     if st[WAIT] == WAIT_TAIL:
-        return st[RTAIL], st[R_TAILSLEEP]
+        return st[RTAIL + st[WPEER] * RB], st[R_TAILSLEEP + st[WPEER] * RB]
     return st[R_DOORBELL], st[R_TAILSLEEP]
 
 
@@ -198,12 +222,13 @@ def moved(ctl, w):
 
 
 @numba.njit(nogil=True, cache=True)
-def wait_on(ctl, st, kind, step):
-    """Record what a channel waits for; a change counts as a move (``MOVES``), so that the wait the kernel
-    describes and sleeps on is never a stale one (credit taken, then waiting for the peer's data)."""
-    if st[WAIT] != kind or st[WSTEP] != step:
+def wait_on(ctl, st, kind, step, peer=0):
+    """Record what a row waits for, on which of its peers (a block index); a change counts as a move (``MOVES``),
+    so that the wait the kernel describes and sleeps on is never a stale one (credit taken, then waiting for the
+    peer's data)."""
+    if st[WAIT] != kind or st[WSTEP] != step or st[WPEER] != peer:
         ctl[MOVES] += 1
-        st[WAIT], st[WSTEP] = kind, step
+        st[WAIT], st[WSTEP], st[WPEER] = kind, step, peer
 
 
 @numba.njit(nogil=True, cache=True)
@@ -217,9 +242,11 @@ CONTINUE = -1
 
 @numba.njit(nogil=True, cache=True)
 def save_steps(st):
-    """The primitives' destructor: a channel that is done saves its step counters for the next collective."""
-    i64(st[RSTEP_W])[0] = st[RSTEP]
-    i64(st[SSTEP_W])[0] = st[SSTEP]
+    """The primitives' destructor: a row that is done saves its step counters for the next collective."""
+    for b in range(st[NRECV]):
+        i64(st[RSTEP_W + b * RB])[0] = st[RSTEP + b * RB]
+    for b in range(st[NSEND]):
+        i64(st[SSTEP_W + b * SB])[0] = st[SSTEP + b * SB]
 
 
 @numba.njit(nogil=True, cache=True)

@@ -10,7 +10,8 @@ of all 16 lines of each 2048-byte wire slice, then the slice's 240 data words in
 ``incSend``'s cleanup on clean-mask steps; LL128: the data words of whole zero-padded slices, a fence, then the
 flag words, and ``tail`` for a proxied connection), ``connFifo`` for a proxied connection, the reader's doorbell,
 then ``postRecv`` on head.  Same memory, flags, step counters and summation order as the readable path, so
-results are bitwise its results (``tests/test_ll_compiled.py``, ``tests/test_simple_compiled.py``).
+results are bitwise its results (``tests/test_ll_compiled.py``, ``tests/test_simple_compiled.py``).  It runs ring
+rows only (one receive and one send peer, ``compiled_common``'s block 0): Tree/LL takes the readable primitives.
 """
 from __future__ import annotations
 

@@ -11,9 +11,12 @@ and the send slot); then ``step += StepPerSlice``, the receiver stores it into `
 peer's ``tail``, after the data.  Empty trailing slices still wait and post.  Each connection's step starts
 rounded up to ``SlicePerChunk * StepPerSlice``, and the receiver returns the skipped credit at once.  With
 registered buffers on a NET peer (``NetRegMode``: ``ctl`` row's RREG/SREG, see ``prims_simple``'s docstring) the
-peer's slice is read from the output and what goes to it is left there for the proxy.  Same memory, counters and
-summation order as the readable path, so results are bitwise its results (``tests/test_simple_compiled.py``,
-``tests/test_net_reg.py``).
+peer's slice is read from the output and what goes to it is left there for the proxy.  A row may receive from and send to several peers (a tree's thread groups, NCCL's ``FanAsymmetric<3, 1>`` and
+``<1, 3>``): it waits for every receive peer's tail and every send peer's credit, reduces ``fn`` over [local input,
+peer 0, 1, 2] into the first destination (the output, else send peer 0's slot) and copies that to the other send
+slots, as ``reduceCopy`` does, and each connection keeps its own step.  Same memory, counters and summation order
+as the readable path, so results are bitwise its results (``tests/test_simple_compiled.py``,
+``tests/test_net_reg.py``, ``tests/test_compiled.py``'s trees).
 """
 from __future__ import annotations
 
@@ -23,19 +26,56 @@ import numpy as np
 from collectives.include.device import NCCL_STEPS
 
 from .compiled_common import (CANON, CHECKED, CONTINUE, DST, END, FIFO, FROM_OUT, IS_FLOAT, MISMATCH, NCH, NELEM,
-                              OPCODE, PC, PROG, REC, RHEAD, RREG, RSTEP, RTAIL, RWORDS, R_HEADSLEEP, SHEAD, SLICE,
-                              SND, SPC, SPS, SREG, SRC, SSTEP, STAIL, STEP_BYTES, SWORDS, S_TAILSLEEP, WAIT, WAIT_HEAD, WAIT_MISMATCH,
-                              WAIT_TAIL, begin, copy, end_round, fence, new_wait, peer_runs_same_call, ptr,
-                              reduce_slice, row, save_steps, u32, u64, wait_on, wake)
+                              NRECV, NSEND, OPCODE, PC, PROG, RB, REC, RHEAD, RREG, RSTEP, RTAIL, RWORDS, R_HEADSLEEP,
+                              SB, SHEAD, SLICE, SND, SPC, SPS, SREG, SRC, SSTEP, STAIL, STEP_BYTES, SWORDS,
+                              S_TAILSLEEP, WAIT, WAIT_HEAD, WAIT_MISMATCH, WAIT_TAIL, begin, copy, end_round, fence,
+                              new_wait, peer_runs_same_call, ptr, reduce, reduce_slice, row, save_steps, u32, u64,
+                              wait_on, wake)
 
 
 @numba.njit(nogil=True, cache=True)
-def _post_head(st):
-    """``postPeer`` of a receiver: free the slots up to its step, wake the sender if it sleeps on head."""
-    u64(st[RHEAD])[0] = np.uint64(st[RSTEP])
+def _post_head(st, b):
+    """``postPeer`` of a receiver on receive peer ``b``: free the slots up to its step, wake the sender if it
+    sleeps on head."""
+    at = b * RB
+    u64(st[RHEAD + at])[0] = np.uint64(st[RSTEP + at])
     fence()
-    if u32(st[R_HEADSLEEP])[0]:
-        wake(st[RHEAD])
+    if u32(st[R_HEADSLEEP + at])[0]:
+        wake(st[RHEAD + at])
+
+
+@numba.njit(nogil=True, cache=True)
+def _post_tails(st, nsend, sps):
+    """``postPeer`` of a sender: after the data (the fence), each send peer's tail moves on; then wake the ones
+    that sleep on it."""
+    fence()
+    for b in range(nsend):
+        at = b * SB
+        st[SSTEP + at] += sps
+        u64(st[STAIL + at])[0] = np.uint64(st[SSTEP + at])
+    fence()
+    for b in range(nsend):
+        if u32(st[S_TAILSLEEP + b * SB])[0]:
+            wake(st[STAIL + b * SB])
+
+
+@numba.njit(nogil=True, cache=True)
+def _peers_ready(ctl, st, recv, send, nrecv, nsend, sps):
+    """``waitPeer``: every receive peer has filled this slice (tail) and every send peer has room for it (head);
+    False records the first that has not (``wait_on``)."""
+    if recv:
+        for b in range(nrecv):
+            at = b * RB
+            if u64(st[RTAIL + at])[0] < np.uint64(st[RSTEP + at] + sps):
+                wait_on(ctl, st, WAIT_TAIL, st[RSTEP + at], b)
+                return False
+    if send:
+        for b in range(nsend):
+            at = b * SB
+            if u64(st[SHEAD + at])[0] + np.uint64(NCCL_STEPS) < np.uint64(st[SSTEP + at] + sps):
+                wait_on(ctl, st, WAIT_HEAD, st[SSTEP + at], b)
+                return False
+    return True
 
 
 @numba.njit(nogil=True, cache=True)
@@ -51,11 +91,41 @@ def _reduce_from_peer(dst, d0, inp, out, rbuf, s0, r0, peer_in_out, at, recv, ha
 
 
 @numba.njit(nogil=True, cache=True)
+def _fan_into(dst, d0, st, inp, out, src, from_out, nrecv, n, step_elems, opcode, is_float, canon):
+    """The first destination of a row with several peers: ``fn`` over [the local source (if any), receive peer 0,
+    1, 2] in that order, as ``reduceCopy``'s sources."""
+    r0 = (st[RSTEP] % NCCL_STEPS) * step_elems
+    rbuf = numba.carray(ptr(st[RWORDS]), NCCL_STEPS * step_elems, dst.dtype)
+    reduce_slice(dst, d0, inp, out, rbuf, src, r0, nrecv > 0, src >= 0, from_out, n, opcode, is_float, canon)
+    for b in range(1, nrecv):
+        at = b * RB
+        peer = numba.carray(ptr(st[RWORDS + at]), NCCL_STEPS * step_elems, dst.dtype)
+        reduce(dst, d0, dst, d0, peer, (st[RSTEP + at] % NCCL_STEPS) * step_elems, n, opcode, is_float, canon)
+
+
+@numba.njit(nogil=True, cache=True)
+def _fan_slice(st, inp, out, src, dst, from_out, nrecv, nsend, n, step_elems, opcode, is_float, canon):
+    """``reduceCopy`` of one slice for a row with several peers (no registered buffers on a tree): into the
+    output if the call has one, else into send peer 0's slot, then copied to every other send peer's slot."""
+    if dst >= 0:
+        _fan_into(out, dst, st, inp, out, src, from_out, nrecv, n, step_elems, opcode, is_float, canon)
+        for b in range(nsend):
+            slot = numba.carray(ptr(st[SWORDS + b * SB]), NCCL_STEPS * step_elems, out.dtype)
+            copy(slot, (st[SSTEP + b * SB] % NCCL_STEPS) * step_elems, out, dst, n)
+    else:
+        slot0 = numba.carray(ptr(st[SWORDS]), NCCL_STEPS * step_elems, out.dtype)
+        s0 = (st[SSTEP] % NCCL_STEPS) * step_elems
+        _fan_into(slot0, s0, st, inp, out, src, from_out, nrecv, n, step_elems, opcode, is_float, canon)
+        for b in range(1, nsend):
+            slot = numba.carray(ptr(st[SWORDS + b * SB]), NCCL_STEPS * step_elems, out.dtype)
+            copy(slot, (st[SSTEP + b * SB] % NCCL_STEPS) * step_elems, slot0, s0, n)
+
+
+@numba.njit(nogil=True, cache=True)
 def run_ops(ctl, inp, out, start_sig):
-    """Execute every channel's recorded calls, round-robin, until all are done (DONE), none has moved for
-    ``MAX_IDLE`` rounds (BLOCKED: each channel's row says what it waits for), or a peer runs another call
-    (MISMATCH).  ``start_sig`` (empty when resuming): the call's signature; publish it and load the step counters
-    first."""
+    """Execute every row's recorded calls, round-robin, until all are done (DONE), none has moved for
+    ``MAX_IDLE`` rounds (BLOCKED: each row says what it waits for), or a peer runs another call (MISMATCH).
+    ``start_sig`` (empty when resuming): the call's signature; publish it and load the step counters first."""
     spc, sps = ctl[SPC], ctl[SPS]
     if len(start_sig) > 0:
         begin(ctl, start_sig, spc * sps)  # published before any data moves; steps rounded up to a chunk
@@ -70,7 +140,8 @@ def run_ops(ctl, inp, out, start_sig):
             st = row(ctl, c)
             if st[RREG]:  # NetRegMode: the call has started, the proxy may write into the user's buffer
                 numba.carray(ptr(st[RREG]), NCCL_STEPS, np.int64)[st[RSTEP] % NCCL_STEPS] = 0
-            _post_head(st)  # the credit of the steps skipped
+            for b in range(st[NRECV]):
+                _post_head(st, b)  # the credit of the steps skipped
     fence()
     w = new_wait()
     while True:
@@ -79,9 +150,10 @@ def run_ops(ctl, inp, out, start_sig):
             st = row(ctl, c)
             if st[PC] >= st[END]:
                 continue
+            nrecv, nsend = st[NRECV], st[NSEND]
+            fan = nrecv > 1 or nsend > 1  # a tree group with several peers on one side
             rbuf = numba.carray(ptr(st[RWORDS]), NCCL_STEPS * step_elems, out.dtype)
             sbuf = numba.carray(ptr(st[SWORDS]), NCCL_STEPS * step_elems, out.dtype)
-            rtail, shead = u64(st[RTAIL]), u64(st[SHEAD])
             rreg, sreg = st[RREG] != 0, st[SREG] != 0
             while st[PC] < st[END]:
                 op = prog[st[PC]]
@@ -90,23 +162,24 @@ def run_ops(ctl, inp, out, start_sig):
                 while st[SLICE] < spc:
                     offset = st[SLICE] * slice_size
                     real = max(0, min(slice_size, nelem - offset))
-                    if recv:  # waitPeer: the sender has filled this slice
-                        if rtail[0] < np.uint64(st[RSTEP] + sps):
-                            wait_on(ctl, st, WAIT_TAIL, st[RSTEP])
-                            break
-                        if st[CHECKED] == 0:  # the peer's first data: is it running the same call?
-                            if not peer_runs_same_call(ctl, st):
-                                st[WAIT] = WAIT_MISMATCH
-                                return MISMATCH
-                            st[CHECKED] = 1
-                    if send:  # ... and the receiver has room for it
-                        if shead[0] + np.uint64(NCCL_STEPS) < np.uint64(st[SSTEP] + sps):
-                            wait_on(ctl, st, WAIT_HEAD, st[SSTEP])
-                            break
-                        if st[FIFO]:  # a proxy sends this slice: tell it the size
-                            numba.carray(ptr(st[FIFO]), NCCL_STEPS, np.int64)[st[SSTEP] % NCCL_STEPS] = real * esize
-                    fence()  # the tail seen before the slice is read
-                    if real > 0:  # reduceCopy: to the output if any, else to the send slot; then the other
+                    if not _peers_ready(ctl, st, recv, send, nrecv, nsend, sps):
+                        break
+                    if recv and st[CHECKED] == 0:  # the peers' first data: are they running the same call?
+                        if not peer_runs_same_call(ctl, st):
+                            st[WAIT] = WAIT_MISMATCH
+                            return MISMATCH
+                        st[CHECKED] = 1
+                    if send:
+                        for b in range(nsend):  # a proxy sends this slice: tell it the size
+                            if st[FIFO + b * SB]:
+                                numba.carray(ptr(st[FIFO + b * SB]), NCCL_STEPS, np.int64)[
+                                    st[SSTEP + b * SB] % NCCL_STEPS] = real * esize
+                    fence()  # the tails seen before the slice is read
+                    if real > 0 and fan:
+                        _fan_slice(st, inp, out, src + offset if src >= 0 else -1, dst + offset if dst >= 0 else -1,
+                                   from_out, nrecv if recv else 0, nsend if send else 0, real, step_elems, opcode,
+                                   is_float, canon)
+                    elif real > 0:  # reduceCopy: to the output if any, else to the send slot; then the other
                         r0 = (st[RSTEP] % NCCL_STEPS) * step_elems
                         s0 = (st[SSTEP] % NCCL_STEPS) * step_elems
                         # NetRegMode: the peer's slice is in the output at the chunk's offset, and a registered
@@ -125,15 +198,11 @@ def run_ops(ctl, inp, out, start_sig):
                             _reduce_from_peer(sbuf, s0, inp, out, rbuf, src + offset, r0, peer_in_out, at, recv,
                                               src >= 0, from_out, real, opcode, is_float, canon)
                     if recv:
-                        st[RSTEP] += sps
-                        _post_head(st)
-                    if send:  # postPeer: the data, then the peer's tail
-                        fence()
-                        st[SSTEP] += sps
-                        u64(st[STAIL])[0] = np.uint64(st[SSTEP])
-                        fence()
-                        if u32(st[S_TAILSLEEP])[0]:
-                            wake(st[STAIL])
+                        for b in range(nrecv):
+                            st[RSTEP + b * RB] += sps
+                            _post_head(st, b)
+                    if send:  # postPeer: the data, then the peers' tails
+                        _post_tails(st, nsend, sps)
                     st[SLICE] += 1
                     progressed = True
                 if st[SLICE] < spc:
