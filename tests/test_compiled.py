@@ -99,7 +99,8 @@ def test_mismatch_is_still_named_on_the_compiled_path(proto):
     assert time.monotonic() - t0 < 20
 
 
-@pytest.mark.parametrize("mode,line", [("1", "Ring/LL, Ring/LL128 and Ring/Simple collectives run compiled"),
+@pytest.mark.parametrize("mode,line", [("1", "Ring/LL, Ring/LL128, Ring/Simple and Tree/Simple collectives run "
+                                              "compiled"),
                                        ("0", "Ring/LL (NCCLLAB_LL_COMPILED=0) run the readable primitives")])
 def test_info_line_says_which_path_runs(mode, line):
     proc = run_ranks(2, "bitwise", Case(counts=[5], dtypes=["float32"], colls=["allreduce"]).arg(),
@@ -107,20 +108,25 @@ def test_info_line_says_which_path_runs(mode, line):
     assert line in proc.stdout + proc.stderr
 
 
-def test_what_runs_compiled():
+def test_what_runs_compiled(monkeypatch):
     t = enqueue.default_tuning(2, 2, {"LL": 1 << 19, "LL128": 1 << 22, "Simple": 1 << 22})
     ll = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Ring", "LL")
     simple = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Ring", "Simple")
     f32 = np.dtype(np.float32)
     assert compiled.eligible(ll, f32, "sum", tracing=False)
+    tree = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Tree", "Simple")  # runTreeSplit's groups as rows
+    assert compiled.eligible(tree, f32, "sum", tracing=False)
+    monkeypatch.setenv("NCCLLAB_TREE_UPDOWN", "1")  # runTreeUpDown: one group whose peers change mid-call
+    assert not compiled.eligible(tree, f32, "sum", tracing=False)
+    monkeypatch.delenv("NCCLLAB_TREE_UPDOWN")
     assert not compiled.eligible(ll, f32, "avg", tracing=False)          # PreMulSum: readable path
     assert not compiled.eligible(ll, np.dtype(np.float16), "sum", False)  # no native half in numba
     assert not compiled.eligible(ll, f32, "sum", tracing=True)           # the trace needs every step's events
     assert compiled.eligible(simple, f32, "sum", tracing=False)               # Ring/Simple too (its own tests)
     ll128 = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Ring", "LL128")
     assert compiled.eligible(ll128, f32, "sum", tracing=False)               # LL128: the LL kernel, its lines
-    tree = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Tree", "LL")
-    assert not compiled.eligible(tree, f32, "sum", tracing=False)            # the tree: readable primitives
+    tree_ll = enqueue.schedule_coll(t, "AllReduce", 1000, 4, "Tree", "LL")
+    assert not compiled.eligible(tree_ll, f32, "sum", tracing=False)          # Tree/LL: readable primitives
 
 
 def test_recorded_calls_are_run_rings():

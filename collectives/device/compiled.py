@@ -280,7 +280,8 @@ class Cache:
         self.channels, self.nranks, self.pages, self.my_page = channels, nranks, pages, my_page
         self.plans: dict = {}
         if rank == 0:
-            on = [f"Ring/{p}" for p in SWITCHES if enabled(p)]
+            tree = not env_int("NCCLLAB_TREE_UPDOWN", 0)
+            on = [f"Ring/{p}" for p in SWITCHES if enabled(p)] + (["Tree/Simple"] if tree and enabled("Simple") else [])
             off = [f"Ring/{p} ({SWITCHES[p]}=0)" for p in SWITCHES if not enabled(p)]
             listed = ", ".join(on[:-1]) + (" and " if len(on) > 1 else "") + (on[-1] if on else "")
             debug.info("INIT", (f"{listed} collectives run compiled (collectives/device/compiled.py)"
