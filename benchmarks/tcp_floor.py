@@ -3,9 +3,9 @@ the same processes as ``allreduce_vs_gloo.py``'s two sides.
 
 A ring AllReduce of ``S`` bytes over ``n`` ranks sends ``2(n-1)/n * S`` bytes to the next rank and receives as many
 from the previous one (``runRing``: 2(n-1) steps of one chunk; Gloo's ring moves the same).  ``TcpRing.move`` does
-exactly that and nothing else: one thread ``sendall``s to the next rank while the caller ``recv_into``s from the
-previous one, in 4 MiB pieces, each call a C loop with the interpreter lock released; no reduction, no protocol,
-no copy of ours.  Whatever moves those bytes through the kernel's TCP stack pays at least this, so when Gloo's time
+exactly that and nothing else: non-blocking ``send`` to the next rank and ``recv_into`` from the previous one,
+each call moving as much as the kernel takes (up to 4 MiB), in one thread; no reduction, no protocol, no copy of
+ours.  Whatever moves those bytes through the kernel's TCP stack pays at least this, so when Gloo's time
 is already close to it, busbw much above Gloo's is out of reach for the lab too.
 
 The sockets are this benchmark's own, on 127.0.0.1: each connection starts with a token that rank 0 drew and MPI
@@ -14,8 +14,9 @@ broadcast, and the listener drops any connection that does not present it.
 from __future__ import annotations
 
 import os
+import select
 import socket
-import threading
+import time
 
 import numpy as np
 
@@ -56,34 +57,42 @@ class TcpRing:
                 break
             conn.close()
         srv.close()
+        self.next.setblocking(False)
+        self.prev.setblocking(False)
         self.buf = np.zeros(0, np.uint8)
 
     def move(self, nbytes: int) -> None:
-        """Send ``nbytes`` to the next rank while receiving as many from the previous one."""
+        """Send ``nbytes`` to the next rank while receiving as many from the previous one: one thread, both
+        sockets non-blocking, each ``send``/``recv_into`` moving as much as the kernel takes (up to ``PIECE``),
+        ``select`` when neither can move."""
         if self.buf.size < nbytes:
             self.buf = np.ones(nbytes, np.uint8)
             self.rbuf = np.empty(nbytes, np.uint8)
         send_view, recv_view = memoryview(self.buf)[:nbytes], memoryview(self.rbuf)[:nbytes]
-        errors: list = []
-
-        def send() -> None:
-            try:
-                for at in range(0, nbytes, PIECE):
-                    self.next.sendall(send_view[at:at + PIECE])
-            except OSError as exc:
-                errors.append(exc)
-
-        sender = threading.Thread(target=send)
-        sender.start()
-        at = 0
-        while at < nbytes:
-            got = self.prev.recv_into(recv_view[at:at + PIECE])
-            if not got:
-                raise ConnectionError("tcp_floor: the previous rank closed its connection")
-            at += got
-        sender.join()
-        if errors:
-            raise errors[0]
+        sent = got = 0
+        deadline = time.monotonic() + 60
+        while sent < nbytes or got < nbytes:
+            moved = False
+            if sent < nbytes:
+                try:
+                    sent += self.next.send(send_view[sent:sent + PIECE])
+                    moved = True
+                except BlockingIOError:
+                    pass
+            if got < nbytes:
+                try:
+                    n = self.prev.recv_into(recv_view[got:got + PIECE])
+                except BlockingIOError:
+                    n = -1
+                if n == 0:
+                    raise ConnectionError("tcp_floor: the previous rank closed its connection")
+                if n > 0:
+                    got += n
+                    moved = True
+            if not moved:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"tcp_floor: {sent} of {nbytes} B sent, {got} received after 60 s")
+                select.select([self.prev] if got < nbytes else [], [self.next] if sent < nbytes else [], [], 1.0)
 
     def ring_allreduce_bytes(self, size: int) -> int:
         """What a ring AllReduce of ``size`` bytes sends each way per rank: 2(n-1) chunks of size/n."""

@@ -74,9 +74,9 @@ class _Recorder:
     primitives refuse or cannot slice and numba would not check.  ``recv``/``send``: the connectors of a tree's
     thread group (NCCL's ``Primitives`` constructor arguments), kept for its row."""
 
-    def __init__(self, esize: int, max_bytes: int, slices: int = 1, recv=(), send=()):
+    def __init__(self, esize: int, max_bytes: int, slices: int = 1, recv=(), send=(), group: int = 0):
         self.esize, self.max_bytes, self.slices, self.rows = esize, max_bytes, slices, []
-        self.recv_conns, self.send_conns = list(recv), list(send)
+        self.recv_conns, self.send_conns, self.group = list(recv), list(send), group
 
     def finished(self, gen):
         """A thread group's work, then the destructor (nothing to save: the kernel keeps the steps)."""
@@ -138,10 +138,9 @@ def record_tree(ch, work, esize: int, max_bytes: int) -> list[tuple[np.ndarray, 
 
     def prims(recv_peers, send_peers, group: int):  # launch._tree_works' constructor, recording
         rec = _Recorder(esize, max_bytes, 1, [ch.recv_from[p] for p in recv_peers if p != -1],
-                        [ch.send_to[p] for p in send_peers if p != -1])
+                        [ch.send_to[p] for p in send_peers if p != -1], group)
         if len(rec.recv_conns) > MAX_PEERS or len(rec.send_conns) > MAX_PEERS:
             raise ValueError(f"a tree group with more than {MAX_PEERS} peers on one side")
-        rec.group = group
         recorders.append(rec)
         return rec
 
