@@ -38,6 +38,7 @@ from .device.cuda.rank import GpuRank
 from .device.reduce_copy import OPS, dtype_name, reduce_copy
 from .graph import tuning
 from .graph.cost_model import CostModel
+from .graph.cpu_tuner import tuner_plugin
 from .graph.presets import cpu_lab
 from .graph.init_rank import init_rank
 from .graph.trees import tree_table
@@ -126,7 +127,8 @@ class Communicator(GatherScatter):
         self.search_channels = topo.search_channels
         self.channels, self.trees, self.channel_origin = init_channels(topo.channels, self.rank)
         self.nchannels = len(self.channels)
-        self.machine = cpu_lab(self.nranks, self.nnodes, self.search_channels, self.nchannels)
+        self.machine = cpu_lab(self.nranks, self.nnodes, self.search_channels, self.nchannels,
+                               oversubscribed=self.oversubscribed, tuner=tuner_plugin())
         self.max_threads = tuning.max_threads(self.machine.ring.bw_intra, self.machine.ring.n_channels)
         self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes, nnodes=self.nnodes,
                                              max_threads=self.max_threads)
@@ -136,6 +138,8 @@ class Communicator(GatherScatter):
         debug.info("INIT", f"P2P Chunksize set to {self.p2p.chunk_size}")
         debug.info("GRAPH", f"ncclP2pSchedule: group size used is {self.p2p.group_size}")
         if self.rank == 0:
+            if self.machine.tuner is not None:
+                debug.info("INIT|TUNING", self.machine.tuner.describe())
             for line in self.cost_model.tuning_lines(self.max_threads):
                 debug.info("TUNING", line)
         debug.info("INIT", f"{self.nchannels} coll channels, {self.nchannels} collnet channels, 0 nvls channels, "

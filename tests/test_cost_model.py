@@ -127,6 +127,34 @@ def test_tune_cli_explicit_machine():
     assert "latency term dominates" in proc.stdout
 
 
+def test_the_cpu_tuner_prefers_tree_simple_for_small_allreduces_with_more_ranks_than_cores():
+    """``cpu_tuner``: on one node with more ranks than cores, AllReduce of 512 B to 64 KiB -> Tree/Simple (its
+    cost set to 0, as NCCL's example tuner does); elsewhere, and where NCCL_ALGO/NCCL_PROTO disable it, the
+    model's own choice."""
+    over = CostModel(cpu_lab(4, oversubscribed=True))
+    assert [over.choose("AllReduce", s)[:2] for s in (256, 512, 4096, 65536, 65537)] == [
+        ("Ring", "LL"), ("Tree", "Simple"), ("Tree", "Simple"), ("Tree", "Simple"), ("Ring", "Simple")]
+    assert over.choose("AllReduce", 4096)[2] == 0.0            # NCCL's estimated time of a tuned entry
+    assert over.choose("AllGather", 4096)[0] == "Ring"          # AllReduce only: the tree runs nothing else
+    plain = CostModel(cpu_lab(4))                                # one rank per core: the constants alone
+    assert plain.choose("AllReduce", 4096)[:2] == ("Ring", "Simple")
+    assert CostModel(cpu_lab(4, 2, oversubscribed=True)).choose("AllReduce", 4096)[:2] == \
+        CostModel(cpu_lab(4, 2)).choose("AllReduce", 4096)[:2]  # across nodes the NET row decides
+    assert CostModel(cpu_lab(4, oversubscribed=True), algo_env="Ring").choose("AllReduce", 4096)[0] == "Ring"
+    assert CostModel(cpu_lab(4, oversubscribed=True), "LL").choose("AllReduce", 4096)[:2] == ("Ring", "LL")
+    assert "Tree/Simple (more ranks than cores on one node)" in over.m.tuner.describe()
+    assert CostModel(cpu_lab(4, oversubscribed=True, tuner=False)).choose("AllReduce", 4096)[:2] == \
+        ("Ring", "Simple")                                       # NCCL_TUNER_PLUGIN=none
+
+
+def test_tuner_plugin_none_turns_the_cpu_tuner_off(monkeypatch):
+    from collectives.graph.cpu_tuner import tuner_plugin
+    monkeypatch.delenv("NCCL_TUNER_PLUGIN", raising=False)
+    assert tuner_plugin()
+    monkeypatch.setenv("NCCL_TUNER_PLUGIN", "None")  # strcasecmp, as ncclTunerPluginLoad
+    assert not tuner_plugin()
+
+
 @pytest.mark.parametrize("proto", ["", "LL,LL128"])
 def test_communicator_choice_equals_the_model_for_the_cpu_preset(proto):
     env = {"NCCL_PROTO": proto} if proto else {}

@@ -64,8 +64,9 @@ def test_perfetto_json_has_a_process_per_rank_and_a_track_per_channel(tmp_path):
 
 
 def test_hang_report_names_the_stalled_rank(tmp_path):
-    proc = run_ranks(4, "stuck", "6", env={"NCCLLAB_TIMEOUT": "3", "NCCLLAB_HANG_DIR": str(tmp_path)},
-                     check=False, timeout=120)
+    # a ring (4 ranks on 2 cores would take the tree for 4000 B: the cpu tuner's rule)
+    proc = run_ranks(4, "stuck", "6", env={"NCCLLAB_TIMEOUT": "3", "NCCLLAB_HANG_DIR": str(tmp_path),
+                                            "NCCL_ALGO": "Ring"}, check=False, timeout=120)
     assert proc.returncode != 0
     verdict = hang.diagnose(str(tmp_path))
     assert verdict["culprit"] == 1, verdict

@@ -83,6 +83,7 @@ class Machine:
     algorithms: tuple = ("Tree", "Ring")   # which algorithms the machine's library can run
     constants: TunerConstants = field(default_factory=TunerConstants)
     sources: dict = field(default_factory=dict)
+    tuner: object | None = None  # a tuner plugin's getCollInfo (``cpu_tuner.CpuTuner``), applied after the table
 
     @property
     def n_ranks(self) -> int:
@@ -282,11 +283,15 @@ class CostModel:
                 for p in range(3)}
 
     def choose(self, func: str, nbytes: int, num_pipe_ops: int = 1) -> tuple[str, str, float]:
-        """``topoGetAlgoInfo``: the strictly smallest non-negative time, ties to the lower (algo, proto) ids."""
+        """``topoGetAlgoInfo``: the strictly smallest non-negative time, ties to the lower (algo, proto) ids; a
+        tuner plugin's ``getCollInfo`` edits the table first (``ncclGetAlgoInfo``)."""
         if self.m.n_ranks == 1:
             return "Ring", "Simple", 0.0
+        table = self.table(func, nbytes, num_pipe_ops)
+        if self.m.tuner is not None:
+            self.m.tuner.get_coll_info(func, nbytes, table)
         best, best_t = None, float("inf")
-        for (algo, proto), t in self.table(func, nbytes, num_pipe_ops).items():
+        for (algo, proto), t in table.items():
             if 0.0 <= t < best_t:
                 best, best_t = (algo, proto), t
         if best is None:
