@@ -66,11 +66,12 @@ def test_stuck_rank_in_a_tree_names_the_thread_group(tmp_path):
 def test_early_warning_names_the_wait_and_the_report_path_is_printed(tmp_path):
     """A wait without progress for NCCLLAB_WARN_AFTER prints one WARN line (who, channel, step, peer) long before
     the deadline; at the deadline the hang report goes where NCCLLAB_HANG_DIR says, and the rank prints its path."""
-    proc = run_ranks(3, "stuck", "9", env={"NCCLLAB_TIMEOUT": "4", "NCCLLAB_WARN_AFTER": "1",
+    proc = run_ranks(3, "stuck", "9", env={"NCCLLAB_TIMEOUT": "4", "NCCLLAB_WARN_AFTER": "1", "NCCL_ALGO": "Ring",
                                            "NCCLLAB_HANG_DIR": str(tmp_path)}, check=False, timeout=120)
     assert proc.returncode != 0
     warns = [ln for ln in proc.stderr.splitlines() if "NCCL WARN" in ln and "NCCLLAB_WARN_AFTER" in ln]
-    # ring 0 -> 1 -> 2: rank 2 waits for the absent rank 1, rank 0 for rank 2
+    # ring 0 -> 1 -> 2 (named: 3 ranks on 2 cores would take the tree for 4000 B, the cpu tuner's rule): rank 2
+    # waits for the absent rank 1, rank 0 for rank 2
     assert any(re.search(r"rank 2: AllReduce \(opCount 0\) has made no progress for 1 s \(NCCLLAB_WARN_AFTER\): "
                          r"channel 0 step \d+ waiting for (tail|LL flag) from rank 1", w) for w in warns), proc.stderr[-3000:]
     assert len([w for w in warns if "rank 2:" in w]) == 1, warns  # once per stall, not every check
