@@ -30,6 +30,12 @@ class Channel:
     send_to: dict = field(default_factory=dict)    # peer -> send connector (rings and trees share them)
     recv_from: dict = field(default_factory=dict)  # peer -> recv connector
 
+    def connectors(self, recv_peers, send_peers) -> tuple[list[Connector], list[Connector]]:
+        """The receive and send connectors of a thread group's peers, as NCCL's ``Primitives`` constructor takes
+        them from ``channel->peers[p]``: a tree's ``down[]`` and ``up``, -1 meaning none."""
+        return ([self.recv_from[p] for p in recv_peers if p != -1],
+                [self.send_to[p] for p in send_peers if p != -1])
+
 
 def init_channels(ch: Channels, rank: int) -> tuple[list[Channel], list[dict], list[tuple]]:
     """``initChannel`` for this rank on the channels its Postset built (``graph.init_rank``): (this rank's

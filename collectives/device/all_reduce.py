@@ -14,6 +14,12 @@ or 448/192 (LL, LL128) between the groups; one CPU thread has no threads to spli
 from __future__ import annotations
 
 from collectives.include.bitops import round_up
+from collectives.misc.param import env_int
+
+
+def tree_up_down() -> bool:
+    """``NCCLLAB_TREE_UPDOWN=1``: Tree AllReduce runs ``run_tree_up_down`` rather than ``run_tree_split``."""
+    return bool(env_int("NCCLLAB_TREE_UPDOWN", 0))
 
 
 def run_ring(prims, ring, work, nranks: int):

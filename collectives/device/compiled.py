@@ -62,7 +62,7 @@ def enabled(proto: str = "LL") -> bool:
 
 def eligible(plan, dtype: np.dtype, redop_name: str, tracing: bool) -> bool:
     """Whether a call runs here rather than through the readable primitives."""
-    tree = plan.algo == "Tree" and plan.proto == "Simple" and not env_int("NCCLLAB_TREE_UPDOWN", 0)
+    tree = plan.algo == "Tree" and plan.proto == "Simple" and not all_reduce.tree_up_down()
     return ((plan.algo == "Ring" or tree) and plan.proto in SWITCHES and not tracing
             and np.dtype(dtype) in SUPPORTED and (redop_name != "avg" or plan.func in ("AllGather", "Broadcast"))
             and enabled(plan.proto))
@@ -137,8 +137,7 @@ def record_tree(ch, work, esize: int, max_bytes: int) -> list[tuple[np.ndarray, 
     recorders = []
 
     def prims(recv_peers, send_peers, group: int):  # launch._tree_works' constructor, recording
-        rec = _Recorder(esize, max_bytes, 1, [ch.recv_from[p] for p in recv_peers if p != -1],
-                        [ch.send_to[p] for p in send_peers if p != -1], group)
+        rec = _Recorder(esize, max_bytes, 1, *ch.connectors(recv_peers, send_peers), group)
         if len(rec.recv_conns) > MAX_PEERS or len(rec.send_conns) > MAX_PEERS:
             raise ValueError(f"a tree group with more than {MAX_PEERS} peers on one side")
         recorders.append(rec)
@@ -279,8 +278,8 @@ class Cache:
         self.channels, self.nranks, self.pages, self.my_page = channels, nranks, pages, my_page
         self.plans: dict = {}
         if rank == 0:
-            tree = not env_int("NCCLLAB_TREE_UPDOWN", 0)
-            on = [f"Ring/{p}" for p in SWITCHES if enabled(p)] + (["Tree/Simple"] if tree and enabled("Simple") else [])
+            tree = ["Tree/Simple"] if enabled("Simple") and not all_reduce.tree_up_down() else []
+            on = [f"Ring/{p}" for p in SWITCHES if enabled(p)] + tree
             off = [f"Ring/{p} ({SWITCHES[p]}=0)" for p in SWITCHES if not enabled(p)]
             listed = ", ".join(on[:-1]) + (" and " if len(on) > 1 else "") + (on[-1] if on else "")
             debug.info("INIT", (f"{listed} collectives run compiled (collectives/device/compiled.py)"

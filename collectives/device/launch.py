@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from collectives.misc.param import env_int
 from tracing.events import now
 
 from . import all_gather, all_reduce, broadcast, compiled as compiled_ring, reduce, reduce_scatter
@@ -93,14 +92,13 @@ def _tree_works(kernel, ch, w, proto: str, sendbuff, recvbuff, redop) -> list:
     ``run_tree_up_down``; each thread group is one generator of the kernel.  Tree/Simple is ``ProtoSimple<1, 1>``."""
 
     def prims(recv_peers, send_peers, group: int):  # NCCL's Primitives constructor over this channel's peers
-        recv_conns = [ch.recv_from[p] for p in recv_peers if p != -1]
-        send_conns = [ch.send_to[p] for p in send_peers if p != -1]
+        recv_conns, send_conns = ch.connectors(recv_peers, send_peers)
         p = primitives(kernel, proto, ch.id, recv_conns, send_conns, sendbuff, recvbuff, redop, 1, 1, group)
         if kernel.tracer is not None:
             p.locate = lambda prim, src, dst: all_reduce.locate_tree(w, prim, src, dst)
         return p
 
-    if env_int("NCCLLAB_TREE_UPDOWN", 0):
+    if all_reduce.tree_up_down():
         groups = [all_reduce.run_tree_up_down(prims, ch.tree, w)]
     else:
         groups = all_reduce.run_tree_split(prims, ch.tree, w)

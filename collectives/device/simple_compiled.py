@@ -11,12 +11,13 @@ and the send slot); then ``step += StepPerSlice``, the receiver stores it into `
 peer's ``tail``, after the data.  Empty trailing slices still wait and post.  Each connection's step starts
 rounded up to ``SlicePerChunk * StepPerSlice``, and the receiver returns the skipped credit at once.  With
 registered buffers on a NET peer (``NetRegMode``: ``ctl`` row's RREG/SREG, see ``prims_simple``'s docstring) the
-peer's slice is read from the output and what goes to it is left there for the proxy.  A row may receive from and send to several peers (a tree's thread groups, NCCL's ``FanAsymmetric<3, 1>`` and
-``<1, 3>``): it waits for every receive peer's tail and every send peer's credit, reduces ``fn`` over [local input,
-peer 0, 1, 2] into the first destination (the output, else send peer 0's slot) and copies that to the other send
-slots, as ``reduceCopy`` does, and each connection keeps its own step.  Same memory, counters and summation order
-as the readable path, so results are bitwise its results (``tests/test_simple_compiled.py``,
-``tests/test_net_reg.py``, ``tests/test_compiled.py``'s trees).
+peer's slice is read from the output and what goes to it is left there for the proxy.  A row may receive from and
+send to several peers (a tree's thread groups, NCCL's ``FanAsymmetric<3, 1>`` and ``<1, 3>``): it waits for every
+receive peer's tail and every send peer's credit, reduces ``fn`` over [local input, peer 0, 1, 2] into the first
+destination (the output, else send peer 0's slot) and copies that to the other send slots, as ``reduceCopy`` does,
+and each connection keeps its own step.  Same memory, counters and summation order as the readable path, so results
+are bitwise its results (``tests/test_simple_compiled.py``, ``tests/test_net_reg.py``, ``tests/test_compiled.py``'s
+trees).
 """
 from __future__ import annotations
 
