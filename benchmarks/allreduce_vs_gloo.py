@@ -43,7 +43,7 @@ from collectives.job import node_hostid  # noqa: E402
 from collectives.perf.args import sizes  # noqa: E402
 from checks import CHECK_MAX, busbw_goals, close_wrong, inputs_for, lab_wrong  # noqa: E402
 from tcp_floor import TcpRing  # noqa: E402
-from timing import add_side_by_side_args, iters_for, timed_rounds  # noqa: E402
+from timing import add_side_by_side_args, allreduce_point, iters_for, timed_rounds  # noqa: E402
 
 
 def free_port() -> int:
@@ -112,7 +112,6 @@ def main() -> int:
                   f"(torch {torch.__version__}, loopback TCP)")
             print(f"# {'size':>10} {'algo/proto':>12} {'lab us':>10} {'lab busbw':>10} {'gloo us':>10} "
                   f"{'gloo busbw':>10} {'lab/gloo':>8} {'tcp us':>10} {'tcp busbw':>10}")
-        factor = 2 * (n - 1) / n
         for size in sizes(a):
             x = np.random.default_rng(world.rank).uniform(-1, 1, max(1, size // 4)).astype(np.float32)
             out = np.empty_like(x)
@@ -132,20 +131,18 @@ def main() -> int:
                 dist.all_reduce(mine)
                 wrong["Gloo"] += world.allreduce(close_wrong(mine.numpy(), inputs))
             if world.rank == 0:
-                bl, bg = x.nbytes / t["lab"] / 1e9 * factor, x.nbytes / t["gloo"] / 1e9 * factor
+                lab, gloo = allreduce_point(x.nbytes, t["lab"], n), allreduce_point(x.nbytes, t["gloo"], n)
+                bl, bg = lab["busbw"], gloo["busbw"]
                 plan = comm.plan("AllReduce", x.size, x.dtype)
                 tcp = f"{'-':>10} {'-':>10}"
                 if "tcp" in t:
-                    bt = x.nbytes / t["tcp"] / 1e9 * factor
-                    tcp = f"{t['tcp'] * 1e6:>10.1f} {bt:>10.2f}"
-                    floor_pts.append({"size": x.nbytes, "algbw": x.nbytes / t["tcp"] / 1e9, "busbw": bt,
-                                      "time_us": t["tcp"] * 1e6})
+                    floor = allreduce_point(x.nbytes, t["tcp"], n)
+                    tcp = f"{floor['time_us']:>10.1f} {floor['busbw']:>10.2f}"
+                    floor_pts.append(floor)
                 print(f"  {x.nbytes:>10} {plan.algo + '/' + plan.proto:>12} {t['lab'] * 1e6:>10.1f} {bl:>10.2f} "
                       f"{t['gloo'] * 1e6:>10.1f} {bg:>10.2f} {bl / bg if bg else 0:>8.2f} {tcp}", flush=True)
-                lab_pts.append({"size": x.nbytes, "algbw": x.nbytes / t["lab"] / 1e9, "busbw": bl,
-                                "time_us": t["lab"] * 1e6})
-                gloo_pts.append({"size": x.nbytes, "algbw": x.nbytes / t["gloo"] / 1e9, "busbw": bg,
-                                 "time_us": t["gloo"] * 1e6})
+                lab_pts.append(lab)
+                gloo_pts.append(gloo)
     if world.rank == 0:
         print(f"# check (sizes up to {CHECK_MAX >> 20} MiB): lab bitwise against NCCL's order: {wrong['lab']} wrong; "
               f"Gloo within float32 rounding of the exact sum (its own order): {wrong['Gloo']} wrong")

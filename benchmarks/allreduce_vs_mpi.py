@@ -20,7 +20,7 @@ from mpi4py import MPI
 import collectives
 from collectives.perf.args import sizes
 from checks import CHECK_MAX, busbw_goals, lab_wrong, verdict
-from timing import add_side_by_side_args, iters_for, timed_rounds
+from timing import add_side_by_side_args, allreduce_point, iters_for, timed_rounds
 
 
 
@@ -61,14 +61,14 @@ def main() -> int:
             if size <= CHECK_MAX:
                 wrong += lab_wrong(comm, world, size, seed=size)
             if comm.rank == 0:
-                factor = 2 * (n - 1) / n
-                bl, bm = size / t_lab / 1e9 * factor, size / t_mpi / 1e9 * factor
+                lab, mpi = allreduce_point(size, t_lab, n), allreduce_point(size, t_mpi, n)
+                bl, bm = lab["busbw"], mpi["busbw"]
                 plan = comm.plan("AllReduce", x.size, x.dtype)
                 algos.add(plan.algo)
                 print(f"  {size:>10} {plan.algo + '/' + plan.proto:>12} {t_lab * 1e6:>10.1f} {bl:>10.2f} "
                       f"{t_mpi * 1e6:>10.1f} {bm:>10.2f} {bl / bm if bm else 0:>8.2f}", flush=True)
-                lab_pts.append({"size": size, "algbw": size / t_lab / 1e9, "busbw": bl, "time_us": t_lab * 1e6})
-                mpi_pts.append({"size": size, "algbw": size / t_mpi / 1e9, "busbw": bm, "time_us": t_mpi * 1e6})
+                lab_pts.append(lab)
+                mpi_pts.append(mpi)
         if comm.rank == 0:
             print(f"# check (sizes up to {CHECK_MAX >> 20} MiB): lab bitwise against NCCL's order: {wrong} wrong")
             for line in goals(n, lab_pts, mpi_pts):

@@ -49,6 +49,13 @@ def add_side_by_side_args(p: argparse.ArgumentParser, maxbytes: str, stepfactor:
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per size; medians are reported")
 
 
+def allreduce_point(nbytes: int, seconds: float, nranks: int) -> dict:
+    """One measured AllReduce as the ``--json`` series hold it, with nccl-tests' figures: algbw = bytes / time,
+    busbw = algbw * 2(n-1)/n, the time in microseconds."""
+    algbw = nbytes / seconds / 1e9
+    return {"size": nbytes, "algbw": algbw, "busbw": algbw * (2 * (nranks - 1) / nranks), "time_us": seconds * 1e6}
+
+
 def iters_for(size: int, calls: int, given: int = 0) -> int:
     """Timed calls per round at ``size`` bytes: ``given`` (-n) if set, else ``calls``, fewer so that a round moves
     about 64 MiB, never under 3."""

@@ -144,11 +144,9 @@ def side_by_side(dirname: str, name: str, series: list, notes: list, mpis: set, 
             protos = proto_ranges(rows)
             mpis.update(filter(None, [mpi_name(comments)]))
             notes += [f"{bench}: {g}" for g in goals(comments)]
-        series.append((bench, f"nccl-lab ({protos})" if protos else "nccl-lab",
-                       {p["size"]: (p["time_us"], p["busbw"]) for p in lab["points"]}))
-        series.append((bench, peer_label, {p["size"]: (p["time_us"], p["busbw"]) for p in other["points"]}))
-        for label, more in zip(labels, extra):
-            series.append((bench, label, {p["size"]: (p["time_us"], p["busbw"]) for p in more["points"]}))
+        for label, one in zip([f"nccl-lab ({protos})" if protos else "nccl-lab", peer_label, *labels],
+                              [lab, other, *extra]):
+            series.append((bench, label, {p["size"]: (p["time_us"], p["busbw"]) for p in one["points"]}))
 
 
 def read(dirname: str) -> dict:

@@ -197,14 +197,10 @@ def test_main_job_hands_the_runner_flags_to_every_run_and_plots_the_side_by_side
 def series_file(path, lab_label, peer_label, points, floor_label=None):
     """A side-by-side --json file: ours and the peer's points {size: (lab us, lab busbw, peer us, peer busbw[,
     floor us, floor busbw])}, and with ``floor_label`` the third series (allreduce_vs_gloo's TCP floor)."""
-    series = [{"label": lab_label, "points": [{"size": s, "time_us": v[0], "busbw": v[1], "algbw": v[1]}
-                                              for s, v in points.items()]},
-              {"label": peer_label, "points": [{"size": s, "time_us": v[2], "busbw": v[3], "algbw": v[3]}
-                                               for s, v in points.items()]}]
-    if floor_label:
-        series.append({"label": floor_label, "points": [{"size": s, "time_us": v[4], "busbw": v[5], "algbw": v[5]}
-                                                        for s, v in points.items()]})
-    path.write_text(json.dumps(series))
+    labels = [lab_label, peer_label] + ([floor_label] if floor_label else [])
+    path.write_text(json.dumps([{"label": label, "points": [{"size": s, "time_us": v[2 * k], "busbw": v[2 * k + 1],
+                                                             "algbw": v[2 * k + 1]} for s, v in points.items()]}
+                                for k, label in enumerate(labels)]))
 
 
 def bench_dir(tmp_path):
