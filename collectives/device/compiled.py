@@ -218,11 +218,6 @@ class Compiled:
         ctl[LL128] = proto == "LL128"
         ctl[CANON] = np.array(CANONICAL_NAN.get(dtype.itemsize, 0), np.uint64).view(np.int64)
 
-    @property
-    def channels(self) -> list:
-        """Each row's channel (a tree channel once per thread group)."""
-        return [r.channel for r in self.rows]
-
     def run(self, inp: np.ndarray, out: np.ndarray, sig: np.ndarray, waits: tuple) -> int:
         """Start the call and run it until done or blocked: the kernel publishes ``sig`` (and takes the op from it)
         and loads the step counters.  ``waits`` is ``WAITS``' policy, written to ``ctl`` when it changes: after
