@@ -115,7 +115,7 @@ class Communicator(GatherScatter):
                          proto_text, algo_text, self.device.name)
         self.peer_info, self.tag, self.node_of_rank, self.nnodes = peers.info, peers.tag, peers.node_of_rank, \
             peers.nnodes
-        self.buff_sizes = buffer_sizes(one_cpu_node=self.nnodes == 1 and self.device.name == "cpu")
+        self.buff_sizes = buffer_sizes(cpu_nodes=self.nnodes if self.device.name == "cpu" else 0)
         self.local_ranks = peers.local_ranks
         self.local_rank = self.local_ranks.index(self.rank)
         self.oversubscribed = peers.same_machine > len(os.sched_getaffinity(0))  # emulated nodes share the cores

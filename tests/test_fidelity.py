@@ -289,20 +289,23 @@ def test_any_buffsize_runs_bitwise():
                        "NCCL_PROTO": proto})
 
 
-def test_simple_fifos_are_512k_on_one_cpu_node(monkeypatch):
-    """computeBuffSizes with the lab's one deliberate default: Simple's FIFOs are 512 KiB when every rank is on one
-    CPU node (NCCL's 4 MiB steps stream through DRAM there), 4 MiB across nodes; NCCL_BUFFSIZE always wins; the
-    reference states the same rule from the environment alone."""
+def test_simple_fifos_follow_the_cpu_nodes(monkeypatch):
+    """computeBuffSizes with the lab's two deliberate defaults: Simple's FIFOs are 512 KiB when every rank is a CPU
+    rank of one node (NCCL's 4 MiB steps stream through DRAM there) and 32 MiB when CPU ranks span several nodes
+    (each step is one socket message, and loopback TCP costs less per byte in bigger ones); NCCL's 4 MiB otherwise;
+    NCCL_BUFFSIZE always wins; the reference states the same rule from the environment alone."""
     monkeypatch.delenv("NCCL_BUFFSIZE", raising=False)
-    assert buffer_sizes() == BUFFS                                        # NCCL's defaults
-    assert buffer_sizes(one_cpu_node=True) == {**BUFFS, "Simple": 1 << 19}
+    assert buffer_sizes() == BUFFS                                        # NCCL's defaults (not CPU ranks)
+    assert buffer_sizes(cpu_nodes=1) == {**BUFFS, "Simple": 1 << 19}
+    assert buffer_sizes(cpu_nodes=3) == {**BUFFS, "Simple": 1 << 25}
     assert reference.config_from_env(2)["buff_sizes"] == {**BUFFS, "Simple": 1 << 19}
-    assert reference.config_from_env(2, hosts=["a", "b"])["buff_sizes"] == BUFFS
+    assert reference.config_from_env(2, hosts=["a", "b"])["buff_sizes"] == {**BUFFS, "Simple": 1 << 25}
     monkeypatch.setenv("NCCL_BUFFSIZE", "1048576")
-    assert buffer_sizes(one_cpu_node=True)["Simple"] == 1 << 20
+    assert buffer_sizes(cpu_nodes=1)["Simple"] == buffer_sizes(cpu_nodes=2)["Simple"] == 1 << 20
     assert reference.config_from_env(2)["buff_sizes"]["Simple"] == 1 << 20
+    assert reference.config_from_env(2, hosts=["a", "b"])["buff_sizes"]["Simple"] == 1 << 20
     monkeypatch.delenv("NCCL_BUFFSIZE")
-    for nodes, simple in ((1, 1 << 19), (2, 1 << 22)):
+    for nodes, simple in ((1, 1 << 19), (2, 1 << 25)):
         out = run_ranks(2, "buff_sizes", nodes=nodes).stdout
         got = sorted(line for line in out.splitlines() if line.startswith("rank "))
         want = json.dumps({**BUFFS, "Simple": simple}, sort_keys=True)

@@ -75,21 +75,26 @@ PROTOCOLS = {p.name: p for p in (LL, LL128, SIMPLE)}   # in NCCL's id order
 PROTOS = tuple(PROTOCOLS)
 
 
-# Deliberate difference: Simple's default FIFO when every rank is on one CPU node.  NCCL's 4 MiB makes a Ring/Simple
-# slice 1 MiB: on a GPU that sits in device memory, on a CPU each slice streams through DRAM between two cores.
-# 512 KiB (64 KiB steps, 128 KiB slices) keeps the FIFOs in the caches: AllReduce at 16 MiB, 2-8 ranks on this 2-core
-# machine, 1.4-2x busbw, equal at 256 KiB and 2 MiB (docs/measured.md).  Across nodes each step is a message of the
-# Python proxy, and 4 MiB stays: smaller steps there measured slower.
+# Deliberate differences: Simple's default FIFO when every rank is a CPU rank (NCCL's 4 MiB stays for GPUs).
+# On one node, NCCL's 4 MiB makes a Ring/Simple slice 1 MiB: on a GPU that sits in device memory, on a CPU each
+# slice streams through DRAM between two cores.  512 KiB (64 KiB steps, 128 KiB slices) keeps the FIFOs in the
+# caches: AllReduce at 16 MiB, 2-8 ranks on this 2-core machine, 1.4-2x busbw, equal at 256 KiB and 2 MiB.
 CPU_NODE_SIMPLE_BUFF_SIZE = 1 << 19
+# Across nodes each step is one message of the socket plugin (buffSize / NCCL_STEPS), and over TCP a byte costs
+# less CPU in a bigger message: 128 MiB through a 4-rank loopback ring took 160-185 ms in 512 KiB messages, 94-109
+# ms in 32 MiB ones.  32 MiB (4 MiB steps) gives AllReduce at 128 MiB 1.3-1.5x busbw at 4 x 1 and 2 x 2 emulated
+# nodes, 2 and 16 MiB within 5% (docs/measured.md); calcCollChunking still cuts small messages to fit.
+CPU_NET_SIMPLE_BUFF_SIZE = 1 << 25
 
 
-def buffer_sizes(one_cpu_node: bool = False) -> dict:
-    """``computeBuffSizes``: each protocol's ``NCCL_*BUFFSIZE`` or its default; ``one_cpu_node``: every rank is a
-    CPU rank of one node, and Simple's default is ``CPU_NODE_SIMPLE_BUFF_SIZE``.  NCCL accepts any value; below
-    one chunk it would divide by zero, so that is an error here."""
+def buffer_sizes(cpu_nodes: int = 0) -> dict:
+    """``computeBuffSizes``: each protocol's ``NCCL_*BUFFSIZE`` or its default; ``cpu_nodes``: when every rank is a
+    CPU rank, how many nodes they span (0: they are not), and Simple's default is ``CPU_NODE_SIMPLE_BUFF_SIZE`` on
+    one node, ``CPU_NET_SIMPLE_BUFF_SIZE`` on several.  NCCL accepts any value; below one chunk it would divide by
+    zero, so that is an error here."""
     defaults = {p.name: p.default_buff_size for p in PROTOCOLS.values()}
-    if one_cpu_node:
-        defaults["Simple"] = CPU_NODE_SIMPLE_BUFF_SIZE
+    if cpu_nodes:
+        defaults["Simple"] = CPU_NODE_SIMPLE_BUFF_SIZE if cpu_nodes == 1 else CPU_NET_SIMPLE_BUFF_SIZE
     sizes = {p.name: env_int(p.buff_env, defaults[p.name]) for p in PROTOCOLS.values()}
     for p in PROTOCOLS.values():
         if sizes[p.name] < p.min_buff_size:

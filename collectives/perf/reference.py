@@ -25,6 +25,7 @@ import numpy as np
 _STEP_BYTES = {"Simple": 1 << 22, "LL": 1 << 19, "LL128": 4915200}  # NCCL's default FIFO sizes (8 steps each)
 _BUFF_VARS = {"Simple": "NCCL_BUFFSIZE", "LL": "NCCL_LL_BUFFSIZE", "LL128": "NCCL_LL128_BUFFSIZE"}
 CPU_NODE_SIMPLE = 1 << 19  # the lab's Simple FIFO when every CPU rank is on one node (docs/protocols.md)
+CPU_NET_SIMPLE = 1 << 25   # and when CPU ranks span several nodes
 _GRAIN = {"Simple": 512, "LL": 16, "LL128": 1920}
 
 
@@ -95,8 +96,8 @@ def config_from_env(nranks: int, search_channels: int = 1, rings: list[list[int]
     NCCL_MAX_NCHANNELS clamps to 1..64 and NCCL_MIN_NCHANNELS copies), the ring of each channel (given, or
     each host's ranks in order, host after host, ``hosts`` being every rank's NCCL_HOSTID), and
     the protocol or algorithm when NCCL_PROTO / NCCL_ALGO name exactly one (else the cost model chooses), and each
-    protocol's FIFO size (its variable, else NCCL's default, but Simple's is ``CPU_NODE_SIMPLE`` when every rank
-    is on one node: the lab's CPU default)."""
+    protocol's FIFO size (its variable, else NCCL's default, but Simple's is the lab's CPU default:
+    ``CPU_NODE_SIMPLE`` when every rank is on one node, ``CPU_NET_SIMPLE`` when they span several)."""
     def env_count(*names, default):
         for name in names:
             raw = os.environ.get(name, "").strip()
@@ -116,7 +117,7 @@ def config_from_env(nranks: int, search_channels: int = 1, rings: list[list[int]
     sizes = {}
     for proto, var in _BUFF_VARS.items():
         raw = os.environ.get(var, "").strip()
-        default = CPU_NODE_SIMPLE if proto == "Simple" and one_node else _STEP_BYTES[proto]
+        default = _STEP_BYTES[proto] if proto != "Simple" else CPU_NODE_SIMPLE if one_node else CPU_NET_SIMPLE
         sizes[proto] = int(raw, 0) if raw and int(raw, 0) != -2 else default
     return {"nchannels": nch, "rings": [list(r) for r in copies], "search_channels": search_channels,
             "buff_sizes": sizes,
