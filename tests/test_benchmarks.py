@@ -102,6 +102,8 @@ def test_benchmark_runs_tiny_and_prints_its_table(script, tmp_path):
         side_by_side_json_holds_both_lines(tmp_path / "mpi.json")
     if script == "allreduce_vs_gloo.py":
         gloo_json_holds_both_lines(tmp_path / "gloo.json", proc.stdout)
+        threads = os.environ.get("OMP_NUM_THREADS", "1")  # unset: 1, as torchrun sets it for several processes a node
+        assert re.search(rf"\(torch \S+, {threads} intra-op threads?, loopback TCP\)", proc.stdout), proc.stdout[:600]
 
 
 def gloo_json_holds_both_lines(path, printed):
