@@ -250,3 +250,37 @@ def test_a_blocked_rank_sleeps_in_select_until_its_peers_step_lands(monkeypatch)
     finally:
         for s in states:
             t.free(s, drain=False)  # the receive op stays open: no kernel frees its slot
+
+
+def test_the_proxy_thread_stays_out_while_its_rank_polls():
+    """The rank's blocked kernel moves its own NET bytes (``Proxy.progress`` from ``Kernel.run``'s poll); for
+    ``DEFER_S`` after such a call the proxy thread makes no pass of its own, then takes over again."""
+    from transports import proxy as proxy_mod
+
+    class Counting(proxy_mod.Proxy):
+        def __init__(self):
+            super().__init__(rank=0)
+            self.thread_passes = 0
+            self.active = [object()]  # something to do: the thread never idles on ``posted``
+
+        def progress(self, thread: bool = False) -> bool:
+            if thread:
+                self.thread_passes += 1
+                return False
+            self.rank_polled = time.monotonic()
+            return False
+
+    p = Counting()
+    p.progress()  # the rank polls
+    p.start()
+    try:
+        time.sleep(proxy_mod.DEFER_S / 4)
+        assert p.thread_passes == 0  # within DEFER_S of the rank's poll: the thread stays out
+        deadline = time.monotonic() + 5
+        while p.thread_passes == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert p.thread_passes > 0  # the rank stopped polling: the thread moves the ops again
+    finally:
+        p.active = []
+        p.stop()
+    assert not p.is_alive()

@@ -15,7 +15,8 @@ starts an op, sets it to ``base + nsteps`` for the next one, so it never reads t
 Deliberate differences.  While its kernel waits, the rank moves its proxied bytes itself (``Proxy.progress``,
 called from ``Kernel.run``'s ``poll``; a lock decides who runs it): a Python proxy thread would first have to win
 the interpreter lock from its own rank, and with several ranks on few cores that hand-over, not the network, was
-the cost of a step across nodes.  The thread remains for what is left when no kernel waits.  With more ranks than cores, a rank whose kernel
+the cost of a step across nodes.  The thread remains for what is left when no kernel waits, and stays out while
+its rank polls (``DEFER_S``).  With more ranks than cores, a rank whose kernel
 waits on proxied connections only sleeps in ``select`` on their sockets (``Proxy.wait``) where NCCL's proxy spins:
 spinning there takes a core from the rank that would send the bytes.  And a collective
 returns only once its send ops are done (``wait_sent``), i.e. the plugin has taken every step.  NCCL's kernel
@@ -121,6 +122,10 @@ def wait_sent(kernel, ops: list):
 # while its kernel waits (``progress``), so this thread only has to finish what is left after a collective
 # returns; napping longer leaves the cores to the ranks (docs/measured.md has the measurement).
 NAP_S = 0.002
+# While the rank's own thread moves the bytes (its blocked kernel calls ``progress``), this thread stays out for
+# DEFER_S at a time: its passes would only take the interpreter lock from a kernel that moves them already
+# (docs/measured.md has the measurement).
+DEFER_S = 0.02
 
 
 class Proxy(threading.Thread):
@@ -136,6 +141,7 @@ class Proxy(threading.Thread):
         self.stopping = False
         self.posted = threading.Event()  # set by post(): an idle proxy sleeps on it
         self.lock = threading.Lock()      # whoever progresses the ops: this thread or the waiting rank
+        self.rank_polled = 0.0            # when the rank's own thread last called progress (monotonic s)
         sys.setswitchinterval(0.0002)  # the kernel loop and the proxy share the GIL: switch often
 
     def post(self, ops: list) -> None:
@@ -151,14 +157,19 @@ class Proxy(threading.Thread):
                 self.posted.wait(0.5)                    # pool's condition variable), costing the ranks no CPU
                 self.posted.clear()
                 continue
-            if not self.progress():
+            if time.monotonic() - self.rank_polled < DEFER_S:
+                time.sleep(DEFER_S)
+                continue
+            if not self.progress(thread=True):
                 time.sleep(NAP_S)
 
-    def progress(self) -> bool:
+    def progress(self, thread: bool = False) -> bool:
         """One pass: start the posted ops, then move each active connection's oldest op (messages stay in order).
-        Called by this thread, and by the rank itself while its kernel waits (``Kernel.run``'s ``poll``): whoever
-        holds the lock moves the bytes, the other skips, so a blocked rank never waits for the interpreter to hand
-        this thread its turn.  Returns whether anything moved."""
+        Called by this thread (``thread``), and by the rank itself while its kernel waits (``Kernel.run``'s
+        ``poll``): whoever holds the lock moves the bytes, the other skips, so a blocked rank never waits for the
+        interpreter to hand this thread its turn.  Returns whether anything moved."""
+        if not thread:
+            self.rank_polled = time.monotonic()
         if self.error is not None or not self.lock.acquire(blocking=False):
             return False
         nc = None
@@ -239,7 +250,7 @@ class Proxy(threading.Thread):
         self.stopping = True
         self.posted.set()
         if self.is_alive():
-            self.join(timeout=2.0)  # it naps at most NAP_S, or waits on ``posted``, just set
+            self.join(timeout=2.0)  # it sleeps at most DEFER_S, or waits on ``posted``, just set
         self.pending.clear()
         self.active = []
 
