@@ -8,8 +8,9 @@ TCP), in the same processes, alternating rounds, reported like nccl-tests.
 NET/Socket), ``--nodes 2`` is "2 x 2" (SHM inside a node).  Gloo's process group starts from mpirun's rank and
 size over a TCP store on 127.0.0.1, at a free port rank 0 picks and broadcasts; ``GLOO_SOCKET_IFNAME`` defaults to
 ``lo``, and ``OMP_NUM_THREADS`` to 1, as ``torchrun`` sets it when a node runs several processes (torch's OpenMP
-workers would otherwise share the cores with the other ranks, and with our side's rounds).  Per size, ``--rounds`` rounds alternate the two; each side reports its median round's mean over ranks.
-busbw = algbw * 2(n-1)/n as nccl-tests.
+workers would otherwise share the cores with the other ranks, and with our side's rounds).  Per size, ``--rounds``
+rounds alternate the two; each side reports its median round's mean over ranks.  busbw = algbw * 2(n-1)/n as
+nccl-tests.
 
 ``-R 1`` (nccl-tests' flag) registers our send and receive buffers (``comm.register``, ``ncclCommRegister``): a
 Ring/Simple AllReduce then moves its NET steps straight between them and the sockets (``collectives/register.py``),
@@ -108,11 +109,11 @@ def main() -> int:
     with collectives.Communicator(uid, n, world.rank) as comm:
         if world.rank == 0:
             via = sorted({t for ch in comm.describe()["connections"] for t in ch.values()})
+            threads = torch.get_num_threads()
             print(f"# AllReduce float32 sum, n={n} as {shape} emulated nodes (rank 0's connections: {', '.join(via)})"
                   f": nccl-lab (the cost model's algorithm and protocol; buffers "
                   f"{'registered, -R 1' if a.local_register else 'not registered, -R 0'}) vs torch.distributed Gloo "
-                  f"(torch {torch.__version__}, {torch.get_num_threads()} intra-op thread"
-                  f"{'s' if torch.get_num_threads() != 1 else ''}, loopback TCP)")
+                  f"(torch {torch.__version__}, {threads} intra-op thread{'s' if threads != 1 else ''}, loopback TCP)")
             print(f"# {'size':>10} {'algo/proto':>12} {'lab us':>10} {'lab busbw':>10} {'gloo us':>10} "
                   f"{'gloo busbw':>10} {'lab/gloo':>8} {'tcp us':>10} {'tcp busbw':>10}")
         for size in sizes(a):

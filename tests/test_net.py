@@ -254,33 +254,34 @@ def test_a_blocked_rank_sleeps_in_select_until_its_peers_step_lands(monkeypatch)
 
 def test_the_proxy_thread_stays_out_while_its_rank_polls():
     """The rank's blocked kernel moves its own NET bytes (``Proxy.progress`` from ``Kernel.run``'s poll); for
-    ``DEFER_S`` after such a call the proxy thread makes no pass of its own, then takes over again."""
+    ``DEFER_S`` after such a call the proxy thread makes no pass of its own, then takes over again.  The real
+    ``progress`` runs on both sides; a stand-in connection counts who moved its op."""
+    import collections
+    import types
+
     from transports import proxy as proxy_mod
 
-    class Counting(proxy_mod.Proxy):
-        def __init__(self):
-            super().__init__(rank=0)
-            self.thread_passes = 0
-            self.active = [object()]  # something to do: the thread never idles on ``posted``
+    p = proxy_mod.Proxy(rank=0)
 
-        def progress(self, thread: bool = False) -> bool:
-            if thread:
-                self.thread_passes += 1
-                return False
-            self.rank_polled = time.monotonic()
+    class Connection:  # an active connection whose op never completes: the thread never idles on ``posted``
+        ops = collections.deque([types.SimpleNamespace(complete=False)])
+        thread_passes = 0
+
+        def progress(self, op) -> bool:
+            if threading.current_thread() is p:
+                Connection.thread_passes += 1
             return False
 
-    p = Counting()
-    p.progress()  # the rank polls
+    p.active = [Connection()]
+    assert p.progress() is False  # the rank polls
     p.start()
     try:
         time.sleep(proxy_mod.DEFER_S / 4)
-        assert p.thread_passes == 0  # within DEFER_S of the rank's poll: the thread stays out
+        assert Connection.thread_passes == 0  # within DEFER_S of the rank's poll: the thread stays out
         deadline = time.monotonic() + 5
-        while p.thread_passes == 0 and time.monotonic() < deadline:
+        while Connection.thread_passes == 0 and time.monotonic() < deadline:
             time.sleep(0.005)
-        assert p.thread_passes > 0  # the rank stopped polling: the thread moves the ops again
+        assert Connection.thread_passes > 0  # the rank stopped polling: the thread moves the ops again
     finally:
-        p.active = []
         p.stop()
     assert not p.is_alive()

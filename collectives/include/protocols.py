@@ -83,7 +83,7 @@ CPU_NODE_SIMPLE_BUFF_SIZE = 1 << 19
 # Across nodes each step is one message of the socket plugin (buffSize / NCCL_STEPS), and over TCP a byte costs
 # less CPU in a bigger message: 128 MiB through a 4-rank loopback ring took 160-185 ms in 512 KiB messages, 94-109
 # ms in 32 MiB ones.  32 MiB (4 MiB steps) gives AllReduce at 128 MiB 1.3-1.5x busbw at 4 x 1 and 2 x 2 emulated
-# nodes, 2 and 16 MiB within 5% (docs/measured.md); calcCollChunking still cuts small messages to fit.
+# nodes, 2 and 16 MiB within 5% (docs/measured.md); the ring's last loop still cuts a small message's chunk.
 CPU_NET_SIMPLE_BUFF_SIZE = 1 << 25
 
 
