@@ -22,6 +22,12 @@ each way per rank, with no reduction and no protocol.  Where a goal is NOT met a
 ratio asked of Gloo, the goal line says so with the floor's own ratio; the floor is the third series of ``--json``
 and the last two columns of the printed table ('-' in other shapes).
 
+After the table, each side's CPU per rank per call (user and sys, ``getrusage``: every thread of the process, our
+proxy's and Gloo's I/O threads included) from the same rounds, and the ranks and cores of this machine; the
+``--json`` points carry it too.  Where a goal is NOT met and our side kept its share of the cores busy (at least
+80% of the wall time over the ranks per core), the goal line gives both sides' CPU at its lowest size: how much
+each spends per call, which decides the time when the ranks share the cores.
+
 Gloo's ``all_reduce`` works in place: it is timed on a zero-filled buffer (sums of zeros stay zero: no overflow and
 no denormals over the timed calls; a float add costs the same for any normal value), ours out of place on random
 inputs.  Once per size, up to 16 MiB, ours is checked bitwise against NCCL's summation order (fresh inputs,
@@ -67,22 +73,49 @@ def gloo_group(world):
 BANDS = [("every size", 1.0, 0, 1 << 62), (">= 16 MiB", 1.2, 16 << 20, 1 << 62)]
 
 
-def goals(shape: str, lab: list, gloo: list, floor: list | None = None) -> list[str]:
+def goals(shape: str, lab: list, gloo: list, floor: list | None = None,
+          ranks_per_core: float | None = None) -> list[str]:
     """Issue 27's goals across nodes from the measured points: lab/Gloo busbw >= 1.0x at every size, >= 1.2x at
     16 MiB and above.  ``floor`` (every hop over TCP: the "4 x 1" shape): a goal NOT met says at which size, if
-    any, the ring's bytes alone over loopback TCP stay under the ratio asked."""
+    any, the ring's bytes alone over loopback TCP stay under the ratio asked.  ``ranks_per_core`` (the ranks this
+    machine runs over its cores; points with ``cpu_user_us``/``cpu_sys_us``): a goal NOT met gives, at its lowest
+    size, each side's CPU per rank per call when ours kept its share of the cores busy (``CPU_BOUND``), what
+    each side spends there."""
     lines = busbw_goals(f"{shape} vs Gloo", lab, gloo, BANDS)
-    if floor:
-        for i, (_, want, lo, hi) in enumerate(BANDS):
-            if not lines[i].endswith("NOT met"):
-                continue
+    for i, (_, want, lo, hi) in enumerate(BANDS):
+        if not lines[i].endswith("NOT met"):
+            continue
+        if floor:
             under = [(f["size"], f["busbw"] / g["busbw"]) for f, g in zip(floor, gloo)
                      if lo <= f["size"] <= hi and g["busbw"] and f["busbw"] / g["busbw"] < want]
             if under:
                 size, ratio = min(under, key=lambda u: u[1])
                 lines[i] += (f" (floor: at {size} B a ring's bytes alone over loopback TCP reach {ratio:.2f}x Gloo's "
                              f"busbw, under the {want:.1f}x asked)")
+        if ranks_per_core:
+            lines[i] += cpu_note(lab, gloo, lo, hi, ranks_per_core)
     return lines
+
+
+CPU_BOUND = 0.8  # ours used at least this much of its share of the cores (wall / ranks a core): CPU-bound
+
+
+def cpu_note(lab: list, gloo: list, lo: int, hi: int, ranks_per_core: float) -> str:
+    """At the band's lowest lab/Gloo size: each side's CPU per rank per call, said when ours was CPU-bound."""
+    pts = [(a, b) for a, b in zip(lab, gloo) if lo <= a["size"] <= hi and b["busbw"] and "cpu_user_us" in a]
+    if not pts:
+        return ""
+    a, b = min(pts, key=lambda p: p[0]["busbw"] / p[1]["busbw"])
+    ours, theirs = (p["cpu_user_us"] + p["cpu_sys_us"] for p in (a, b))
+    busy = ours / (a["time_us"] / max(1.0, ranks_per_core))
+    if busy < CPU_BOUND:
+        return ""
+    return (f" (at {a['size']} B each rank's CPU per call, user + sys: ours {_ms(ours)}, Gloo's {_ms(theirs)}; "
+            f"{ranks_per_core:g} rank{'s' if ranks_per_core != 1 else ''} a core keep ours {busy:.0%} busy)")
+
+
+def _ms(us: float) -> str:
+    return f"{us / 1e3:.1f} ms" if us >= 1e3 else f"{us:.0f} us"
 
 
 def main() -> int:
@@ -100,6 +133,10 @@ def main() -> int:
         print(f"allreduce_vs_gloo.py: --nodes {nodes} does not divide {n} ranks", file=sys.stderr)
         return 2
     shape = f"{nodes} x {n // nodes}"
+    shared = world.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks sharing this machine's cores (every emulated node)
+    local = shared.size
+    shared.Free()
+    cores = len(os.sched_getaffinity(0))
     os.environ["NCCL_HOSTID"] = node_hostid(world.rank, n, nodes)
     dist = gloo_group(world)
     import torch
@@ -125,7 +162,8 @@ def main() -> int:
             if ring is not None:
                 moved = ring.ring_allreduce_bytes(x.nbytes)
                 calls["tcp"] = lambda: ring.move(moved)
-            t = timed_rounds(calls, iters_for(size, 200, a.iters), world, a.rounds, warmup=a.warmup_iters)
+            cpu: dict = {}
+            t = timed_rounds(calls, iters_for(size, 200, a.iters), world, a.rounds, warmup=a.warmup_iters, cpu=cpu)
             for h in handles:
                 comm.deregister(h)
             if size <= CHECK_MAX:
@@ -136,6 +174,8 @@ def main() -> int:
                 wrong["Gloo"] += world.allreduce(close_wrong(mine.numpy(), inputs))
             if world.rank == 0:
                 lab, gloo = allreduce_point(x.nbytes, t["lab"], n), allreduce_point(x.nbytes, t["gloo"], n)
+                for point, side in ((lab, "lab"), (gloo, "gloo")):
+                    point["cpu_user_us"], point["cpu_sys_us"] = (v * 1e6 for v in cpu[side])
                 bl, bg = lab["busbw"], gloo["busbw"]
                 plan = comm.plan("AllReduce", x.size, x.dtype)
                 tcp = f"{'-':>10} {'-':>10}"
@@ -148,9 +188,15 @@ def main() -> int:
                 lab_pts.append(lab)
                 gloo_pts.append(gloo)
     if world.rank == 0:
+        print(f"# CPU per rank per call, user + sys over every thread of the process (us; mean over ranks, median "
+              f"round): {local} ranks on {cores} cores here")
+        print(f"# {'size':>10} {'lab user':>10} {'lab sys':>10} {'gloo user':>10} {'gloo sys':>10}")
+        for lab, gloo in zip(lab_pts, gloo_pts):
+            print(f"# {lab['size']:>10} {lab['cpu_user_us']:>10.1f} {lab['cpu_sys_us']:>10.1f} "
+                  f"{gloo['cpu_user_us']:>10.1f} {gloo['cpu_sys_us']:>10.1f}")
         print(f"# check (sizes up to {CHECK_MAX >> 20} MiB): lab bitwise against NCCL's order: {wrong['lab']} wrong; "
               f"Gloo within float32 rounding of the exact sum (its own order): {wrong['Gloo']} wrong")
-        for line in goals(shape, lab_pts, gloo_pts, floor_pts):
+        for line in goals(shape, lab_pts, gloo_pts, floor_pts, local / cores):
             print(line)
         if a.json:
             series = [{"label": f"nccl-lab AllReduce n={n}, {shape} nodes, beside Gloo", "points": lab_pts},

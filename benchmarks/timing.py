@@ -4,6 +4,7 @@ rounds, medians reported.  The benchmarks run as scripts, so ``import timing`` f
 from __future__ import annotations
 
 import argparse
+import resource
 import time
 
 import numpy as np
@@ -11,28 +12,41 @@ import numpy as np
 from collectives.perf.args import parse_size
 
 
-def timed_across(fn, iters: int, world) -> float:
+def timed_across(fn, iters: int, world, cpu: list | None = None) -> float:
     """Seconds per call of ``fn``, the mean over the ranks of ``world`` (an mpi4py communicator) of each rank's
-    average over ``iters`` calls, after a barrier: what the side-by-side benchmarks report."""
+    average over ``iters`` calls, after a barrier: what the side-by-side benchmarks report.  With ``cpu``, also
+    appends the CPU seconds per call (user, sys), the mean over the ranks of each process's own (``getrusage``:
+    every thread, a proxy's or Gloo's I/O threads included; microseconds where ``os.times`` counts 10 ms ticks)."""
     world.Barrier()
+    c0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    return world.allreduce((time.perf_counter() - t0) / iters) / world.size
+    wall = time.perf_counter() - t0
+    if cpu is not None:
+        c1 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu.append((world.allreduce((c1.ru_utime - c0.ru_utime) / iters) / world.size,
+                    world.allreduce((c1.ru_stime - c0.ru_stime) / iters) / world.size))
+    return world.allreduce(wall / iters) / world.size
 
 
-def timed_rounds(calls: dict, iters: int, world, rounds: int = 3, warmup: int = 0) -> dict:
+def timed_rounds(calls: dict, iters: int, world, rounds: int = 3, warmup: int = 0, cpu: dict | None = None) -> dict:
     """Seconds per call of each of ``calls`` {name: fn}, side by side: each called ``warmup`` times untimed, then
     ``rounds`` rounds, each timing every call with ``timed_across`` (the order reversed every other round), then
     each one's median round.  This VM's bandwidth swings by 2x within seconds; alternating and taking medians
-    keeps a burst from deciding a ratio."""
+    keeps a burst from deciding a ratio.  With ``cpu`` (a dict), ``cpu[name]`` gets each side's CPU seconds per
+    call, (user, sys), each the median over the same rounds."""
     for fn in calls.values():
         for _ in range(warmup):
             fn()
     times: dict = {name: [] for name in calls}
+    used: dict = {name: [] for name in calls}
     for r in range(rounds):
         for name in (list(calls) if r % 2 == 0 else list(calls)[::-1]):
-            times[name].append(timed_across(calls[name], iters, world))
+            times[name].append(timed_across(calls[name], iters, world, used[name] if cpu is not None else None))
+    if cpu is not None:
+        cpu.update({name: (float(np.median([u for u, _ in c])), float(np.median([s for _, s in c])))
+                    for name, c in used.items()})
     return {name: float(np.median(t)) for name, t in times.items()}
 
 

@@ -29,6 +29,8 @@ TINY = {
     "allreduce_vs_gloo.py": (["mpirun", "-n", "2"], ["--nodes", "2", "-b", "8", "-e", "64", "-f", "8", "-n", "3",
                                                      "--rounds", "1", "--json", "{out}/gloo.json"],
                              ROW + r"\w+/\w+\s+(?:[\d.]+\s+){6}[\d.]+\s*$(?s:.*)"
+                             r"^# CPU per rank per call, user \+ sys .*: 2 ranks on \d+ cores here$\n^#\s+size.*\n"
+                             r"^#\s+8(?:\s+[\d.]+){4}$\n^#\s+64(?:\s+[\d.]+){4}$\n"
                              r"^# check .*NCCL's order: 0 wrong; Gloo within float32 rounding .*: 0 wrong$\n"
                              r"^# goal 2 x 1 vs Gloo: busbw >= 1.0x at every size: lowest [\d.]+x at (?:8|64) B -> "
                              + VERDICT + r"\n^# goal 2 x 1 vs Gloo: busbw >= 1.2x at >= 16 MiB: no size measured there "
@@ -133,6 +135,29 @@ def test_gloo_goal_names_the_tcp_floor_where_it_is_under_the_ratio_asked():
     assert lines[1].endswith("-> NOT met (floor: at 16777216 B a ring's bytes alone over loopback TCP reach 1.10x "
                              "Gloo's busbw, under the 1.2x asked)"), lines
     assert goals("4 x 1", lab, gloo, None) == [line.split(" (floor")[0] for line in lines]
+
+
+def test_gloo_goal_gives_both_sides_cpu_where_ours_is_cpu_bound():
+    """A goal NOT met gives, at its worst size, each side's CPU per rank per call when ours kept its share of the
+    cores busy (4 ranks on 2 cores: a rank's share is half the wall time): how much each side spends, not a floor.
+    Where ours waits instead (its CPU well under its share), or the goal is met, nothing is added."""
+    sys.path.insert(0, str(BENCH))
+    from allreduce_vs_gloo import goals
+
+    def pt(size, bw, time_us, cpu_ms):  # cpu: (user, sys) ms per rank per call
+        return {"size": size, "busbw": bw, "time_us": time_us, "cpu_user_us": cpu_ms[0] * 1e3,
+                "cpu_sys_us": cpu_ms[1] * 1e3}
+    lab = [pt(8, 2.0, 500.0, (0.01, 0.02)), pt(16 << 20, 0.9, 44000.0, (6.0, 15.5))]
+    gloo = [pt(8, 1.0, 1000.0, (0.2, 0.3)), pt(16 << 20, 1.0, 40000.0, (3.0, 12.0))]
+    lines = goals("4 x 1", lab, gloo, None, ranks_per_core=2.0)
+    for line in lines:  # both bands' worst size is 16 MiB, where ours used 21.5 ms of its 22 ms share
+        assert line.endswith("-> NOT met (at 16777216 B each rank's CPU per call, user + sys: ours 21.5 ms, "
+                             "Gloo's 15.0 ms; 2 ranks a core keep ours 98% busy)"), line
+    idle = [dict(p, cpu_sys_us=1e3) for p in lab]  # ours mostly waited: no CPU note
+    assert goals("4 x 1", idle, gloo, None, ranks_per_core=2.0) == [ln.split(" (at ")[0] for ln in lines]
+    assert goals("4 x 1", lab, gloo, None) == [ln.split(" (at ")[0] for ln in lines]  # not measured: none
+    met = goals("4 x 1", [dict(p, busbw=5.0) for p in lab], gloo, None, ranks_per_core=2.0)
+    assert all(ln.endswith("-> met") for ln in met), met
 
 
 def side_by_side_json_holds_both_lines(path):

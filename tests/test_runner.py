@@ -165,3 +165,21 @@ def test_timed_rounds_alternates_and_reports_each_medians():
     t = timed_rounds({"a": call("a"), "b": call("b")}, 2, MPI.COMM_SELF, rounds=3)
     assert order == ["a", "a", "b", "b", "b", "b", "a", "a", "a", "a", "b", "b"]
     assert t["a"] < 0.01 and t["b"] < 0.01, t  # the slow round is not b's median
+
+
+def test_timed_rounds_reports_each_sides_cpu_per_call():
+    # With ``cpu``, each side's CPU per call (user, sys: every thread of the process) from the same rounds: a side
+    # that spins for 4 ms a call uses about that, a side that sleeps 4 ms a call almost none, whatever its wall.
+    from mpi4py import MPI
+    timed_rounds = runpy.run_path(str(ROOT / "benchmarks" / "timing.py"))["timed_rounds"]
+
+    def spin():
+        end = time.perf_counter() + 0.004
+        while time.perf_counter() < end:
+            pass
+    cpu = {}
+    t = timed_rounds({"spin": spin, "sleep": lambda: time.sleep(0.004)}, 5, MPI.COMM_SELF, rounds=3, cpu=cpu)
+    assert set(cpu) == {"spin", "sleep"} and all(len(v) == 2 and min(v) >= 0 for v in cpu.values()), cpu
+    assert t["spin"] >= 0.004 and t["sleep"] >= 0.004, t
+    assert sum(cpu["spin"]) > 0.002, cpu
+    assert sum(cpu["sleep"]) < 0.002, cpu
