@@ -25,7 +25,7 @@ and the last two columns of the printed table ('-' in other shapes).
 After the table, each side's CPU per rank per call (user and sys, ``getrusage``: every thread of the process, our
 proxy's and Gloo's I/O threads included) from the same rounds, and the ranks and cores of this machine; the
 ``--json`` points carry it too.  Where a goal is NOT met and our side kept its share of the cores busy (at least
-80% of the wall time over the ranks per core), the goal line gives both sides' CPU at its lowest size: how much
+80% of the wall time over the ranks per core), the goal line gives both sides' CPU at its lowest-ratio size: how much
 each spends per call, which decides the time when the ranks share the cores.
 
 Gloo's ``all_reduce`` works in place: it is timed on a zero-filled buffer (sums of zeros stay zero: no overflow and
@@ -78,9 +78,9 @@ def goals(shape: str, lab: list, gloo: list, floor: list | None = None,
     """Issue 27's goals across nodes from the measured points: lab/Gloo busbw >= 1.0x at every size, >= 1.2x at
     16 MiB and above.  ``floor`` (every hop over TCP: the "4 x 1" shape): a goal NOT met says at which size, if
     any, the ring's bytes alone over loopback TCP stay under the ratio asked.  ``ranks_per_core`` (the ranks this
-    machine runs over its cores; points with ``cpu_user_us``/``cpu_sys_us``): a goal NOT met gives, at its lowest
-    size, each side's CPU per rank per call when ours kept its share of the cores busy (``CPU_BOUND``), what
-    each side spends there."""
+    machine runs over its cores; points with ``cpu_user_us``/``cpu_sys_us``): a goal NOT met gives, at its
+    lowest-ratio size, each side's CPU per rank per call when ours kept its share of the cores busy
+    (``CPU_BOUND``), what each side spends there."""
     lines = busbw_goals(f"{shape} vs Gloo", lab, gloo, BANDS)
     for i, (_, want, lo, hi) in enumerate(BANDS):
         if not lines[i].endswith("NOT met"):
@@ -101,17 +101,22 @@ CPU_BOUND = 0.8  # ours used at least this much of its share of the cores (wall 
 
 
 def cpu_note(lab: list, gloo: list, lo: int, hi: int, ranks_per_core: float) -> str:
-    """At the band's lowest lab/Gloo size: each side's CPU per rank per call, said when ours was CPU-bound."""
-    pts = [(a, b) for a, b in zip(lab, gloo) if lo <= a["size"] <= hi and b["busbw"] and "cpu_user_us" in a]
+    """At the band's lowest-ratio size (``busbw_goals``' own choice): each side's CPU per rank per call, said when
+    ours was CPU-bound.  Each side's user and sys are medians over the rounds taken apart."""
+    keys = ("cpu_user_us", "cpu_sys_us", "time_us")
+    pts = [(a, b, a["busbw"] / b["busbw"] if b["busbw"] else 0.0) for a, b in zip(lab, gloo) if lo <= a["size"] <= hi]
     if not pts:
         return ""
-    a, b = min(pts, key=lambda p: p[0]["busbw"] / p[1]["busbw"])
+    a, b, _ = min(pts, key=lambda p: p[2])
+    if not all(k in p for k in keys for p in (a, b)) or a["time_us"] <= 0:
+        return ""
     ours, theirs = (p["cpu_user_us"] + p["cpu_sys_us"] for p in (a, b))
     busy = ours / (a["time_us"] / max(1.0, ranks_per_core))
     if busy < CPU_BOUND:
         return ""
     return (f" (at {a['size']} B each rank's CPU per call, user + sys: ours {_ms(ours)}, Gloo's {_ms(theirs)}; "
-            f"{ranks_per_core:g} rank{'s' if ranks_per_core != 1 else ''} a core keep ours {busy:.0%} busy)")
+            f"ours used {busy:.0%} of its share of the cores, {ranks_per_core:g} "
+            f"rank{'s' if ranks_per_core != 1 else ''} a core)")
 
 
 def _ms(us: float) -> str:
@@ -135,8 +140,8 @@ def main() -> int:
     shape = f"{nodes} x {n // nodes}"
     shared = world.Split_type(MPI.COMM_TYPE_SHARED)  # the ranks sharing this machine's cores (every emulated node)
     local = shared.size
+    cores = len(set().union(*shared.allgather(os.sched_getaffinity(0))))  # a rank bound to one core sees one
     shared.Free()
-    cores = len(os.sched_getaffinity(0))
     os.environ["NCCL_HOSTID"] = node_hostid(world.rank, n, nodes)
     dist = gloo_group(world)
     import torch

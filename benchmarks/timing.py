@@ -16,7 +16,8 @@ def timed_across(fn, iters: int, world, cpu: list | None = None) -> float:
     """Seconds per call of ``fn``, the mean over the ranks of ``world`` (an mpi4py communicator) of each rank's
     average over ``iters`` calls, after a barrier: what the side-by-side benchmarks report.  With ``cpu``, also
     appends the CPU seconds per call (user, sys), the mean over the ranks of each process's own (``getrusage``:
-    every thread, a proxy's or Gloo's I/O threads included; microseconds where ``os.times`` counts 10 ms ticks)."""
+    every thread, a proxy's or Gloo's I/O threads included; microseconds where ``os.times`` counts 10 ms ticks).
+    Every rank must pass ``cpu`` alike: it adds two collectives."""
     world.Barrier()
     c0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()

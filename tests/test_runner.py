@@ -173,13 +173,13 @@ def test_timed_rounds_reports_each_sides_cpu_per_call():
     from mpi4py import MPI
     timed_rounds = runpy.run_path(str(ROOT / "benchmarks" / "timing.py"))["timed_rounds"]
 
-    def spin():
-        end = time.perf_counter() + 0.004
-        while time.perf_counter() < end:
+    def spin():  # 4 ms of this thread's CPU, however long a loaded machine takes to give it
+        end = time.thread_time() + 0.004
+        while time.thread_time() < end:
             pass
     cpu = {}
     t = timed_rounds({"spin": spin, "sleep": lambda: time.sleep(0.004)}, 5, MPI.COMM_SELF, rounds=3, cpu=cpu)
     assert set(cpu) == {"spin", "sleep"} and all(len(v) == 2 and min(v) >= 0 for v in cpu.values()), cpu
     assert t["spin"] >= 0.004 and t["sleep"] >= 0.004, t
-    assert sum(cpu["spin"]) > 0.002, cpu
+    assert sum(cpu["spin"]) > 0.003, cpu
     assert sum(cpu["sleep"]) < 0.002, cpu
