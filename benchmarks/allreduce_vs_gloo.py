@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives  # noqa: E402
 from collectives.job import node_hostid  # noqa: E402
 from collectives.perf.args import sizes  # noqa: E402
-from checks import CHECK_MAX, busbw_goals, close_wrong, inputs_for, lab_wrong  # noqa: E402
+from checks import CHECK_MAX, busbw_goals, close_wrong, inputs_for, lab_wrong, lowest_ratio  # noqa: E402
 from tcp_floor import TcpRing  # noqa: E402
 from timing import add_side_by_side_args, allreduce_point, iters_for, timed_rounds  # noqa: E402
 
@@ -101,13 +101,13 @@ CPU_BOUND = 0.8  # ours used at least this much of its share of the cores (wall 
 
 
 def cpu_note(lab: list, gloo: list, lo: int, hi: int, ranks_per_core: float) -> str:
-    """At the band's lowest-ratio size (``busbw_goals``' own choice): each side's CPU per rank per call, said when
-    ours was CPU-bound.  Each side's user and sys are medians over the rounds taken apart."""
+    """At the band's lowest-ratio size (``lowest_ratio``, the size its goal line names): each side's CPU per rank
+    per call, said when ours was CPU-bound.  Each side's user and sys are medians over the rounds taken apart."""
     keys = ("cpu_user_us", "cpu_sys_us", "time_us")
-    pts = [(a, b, a["busbw"] / b["busbw"] if b["busbw"] else 0.0) for a, b in zip(lab, gloo) if lo <= a["size"] <= hi]
-    if not pts:
+    low = lowest_ratio(lab, gloo, lo, hi)
+    if low is None:
         return ""
-    a, b, _ = min(pts, key=lambda p: p[2])
+    a, b, _ = low
     if not all(k in p for k in keys for p in (a, b)) or a["time_us"] <= 0:
         return ""
     ours, theirs = (p["cpu_user_us"] + p["cpu_sys_us"] for p in (a, b))

@@ -49,16 +49,23 @@ def verdict(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
 
+def lowest_ratio(lab: list, peer: list, lo: int, hi: int) -> tuple[dict, dict, float] | None:
+    """The measured pair (``{"size", "busbw", ...}`` dicts, the same sizes on both sides) from ``lo`` to ``hi``
+    bytes with the lowest lab/peer busbw, and that ratio (a peer busbw of 0 counts as 0; the first size on a tie);
+    None when no size was measured there.  What a goal line names, and what a note on it looks at."""
+    pts = [(a, b, a["busbw"] / b["busbw"] if b["busbw"] else 0.0) for a, b in zip(lab, peer) if lo <= a["size"] <= hi]
+    return min(pts, key=lambda p: p[2]) if pts else None
+
+
 def busbw_goals(who: str, lab: list, peer: list, bands: list[tuple[str, float, int, int]]) -> list[str]:
     """One goal line per band (label, least lab/peer busbw ratio, smallest size, largest size) over the measured
-    points (``{"size", "busbw"}`` dicts, the same sizes on both sides), naming the lowest ratio and its size; a band
-    with no measured size is NOT met, marked as not measured."""
-    ratios = [(a["size"], a["busbw"] / b["busbw"] if b["busbw"] else 0.0) for a, b in zip(lab, peer)]
+    points, naming the lowest ratio and its size (``lowest_ratio``); a band with no measured size is NOT met,
+    marked as not measured."""
     lines = []
     for label, want, lo, hi in bands:
-        pts = [r for r in ratios if lo <= r[0] <= hi]
-        if pts:
-            size, worst = min(pts, key=lambda r: r[1])
+        low = lowest_ratio(lab, peer, lo, hi)
+        if low is not None:
+            size, worst = low[0]["size"], low[2]
             lines.append(f"# goal {who}: busbw >= {want:.1f}x at {label}: lowest {worst:.2f}x at {size} B "
                          f"-> {verdict(worst >= want)}")
         else:  # a quick sweep (-e below the band): said, so that no goal goes missing from the run's lines

@@ -16,19 +16,21 @@ def timed_across(fn, iters: int, world, cpu: list | None = None) -> float:
     """Seconds per call of ``fn``, the mean over the ranks of ``world`` (an mpi4py communicator) of each rank's
     average over ``iters`` calls, after a barrier: what the side-by-side benchmarks report.  With ``cpu``, also
     appends the CPU seconds per call (user, sys), the mean over the ranks of each process's own (``getrusage``:
-    every thread, a proxy's or Gloo's I/O threads included; microseconds where ``os.times`` counts 10 ms ticks).
-    Every rank must pass ``cpu`` alike: it adds two collectives."""
+    every thread, a proxy's or Gloo's I/O threads included; microseconds where ``os.times`` counts 10 ms ticks),
+    summed in the same collective as the time; every rank passes ``cpu`` alike."""
     world.Barrier()
     c0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    wall = time.perf_counter() - t0
+    per_call = [time.perf_counter() - t0]
     if cpu is not None:
         c1 = resource.getrusage(resource.RUSAGE_SELF)
-        cpu.append((world.allreduce((c1.ru_utime - c0.ru_utime) / iters) / world.size,
-                    world.allreduce((c1.ru_stime - c0.ru_stime) / iters) / world.size))
-    return world.allreduce(wall / iters) / world.size
+        per_call += [c1.ru_utime - c0.ru_utime, c1.ru_stime - c0.ru_stime]
+    mean = world.allreduce(np.array(per_call) / iters) / world.size
+    if cpu is not None:
+        cpu.append((float(mean[1]), float(mean[2])))
+    return float(mean[0])
 
 
 def timed_rounds(calls: dict, iters: int, world, rounds: int = 3, warmup: int = 0, cpu: dict | None = None) -> dict:
