@@ -49,16 +49,19 @@ def select_nets(system: System, type_inter: int, gpu: int) -> list[int]:
     return nets
 
 
-def gpu_pci_bw(gpu: Node) -> int:
-    """``gpuPciBw``: the narrower direction of the GPU's PCI link, as NCCL's int."""
+def gpu_pci_links(gpu: Node) -> tuple:
+    """The two directions of the GPU's PCI link that ``gpuPciBw`` reads (the first PCI link with a way back), or
+    () when it has none."""
     dev = gpu.parent
-    for link in dev.links:
-        if link.type != LINK_PCI:
-            continue
-        for back in link.rem.links:
-            if back.rem is dev:
-                return int(min(link.bw, back.bw))
-    return -1
+    return next(((link, back) for link in dev.links if link.type == LINK_PCI
+                 for back in link.rem.links if back.rem is dev), ())
+
+
+def gpu_pci_bw(gpu: Node, links: tuple | None = None) -> int:
+    """``gpuPciBw``: the narrower direction of the GPU's PCI link, as NCCL's int (-1 without one); ``links``:
+    ``gpu_pci_links(gpu)`` already found."""
+    links = gpu_pci_links(gpu) if links is None else links
+    return int(min(links[0].bw, links[1].bw)) if links else -1
 
 
 def net_index(system: System, net_id: int) -> int:

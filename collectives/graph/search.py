@@ -17,6 +17,10 @@ deep, past Python's recursion limit from 64 GPUs.
 Across nodes (``system.inter``) each channel starts at a NET, visits the node's GPUs and goes back to a NET
 (``ncclTopoSearchRecNet``), with the inter-node speed arrays, typeInter widened up to the GPUs' worst NET path and
 crossNic 0/1/2 (NCCL_CROSS_NIC).  Not ported on purpose: CollNet (no SHARP plugin), NCCL_GRAPH_FILE.
+
+Ours, for speed, with the same steps and the same graphs: what depends on paths alone (the NIC lists, the GPUs
+closest to a NIC, the fixed part of the next-GPU scores, each path's links) is worked out once per ``Search``, since
+the search changes the bandwidth left on links and never a path; NCCL's C recomputes it at each step.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from dataclasses import dataclass, field
 from collectives.include.bitops import div_up
 from collectives.include.device import MAXCHANNELS
 
-from .nets import gpu_pci_bw, net_index, select_nets
+from .nets import gpu_pci_bw, gpu_pci_links, net_index, select_nets
 from .paths import get_local, gpu_min_max_path
 from .topo import (ARCH_POWER, ARCH_X86, CPU, DEV, GPU, LINK_NVL, LINK_PCI, NET, NVS, PATH_DIS, PATH_LOC,
                    PATH_PHB, PATH_PIX, PATH_PXN, PATH_SYS, PATH_TYPES, VENDOR_AMD, VENDOR_INTEL, System, f32)
@@ -110,41 +114,106 @@ def _sub_round(a: float, b: float) -> float:
     return out
 
 
+def _cmp_score(s: tuple) -> tuple:
+    """``cmpScore`` on (GPU, distance, intra hops, intra bw, inter bw, inter PCI bw, inter hops): interBw desc,
+    interPciBw desc, interNhops asc, intraBw desc, intraNhops asc, startIndex asc."""
+    return (-s[4], -s[5], s[6], -s[3], s[2], s[1])
+
+
 class Search:
     """One ``ncclTopoCompute`` over a system; ``time`` is NCCL's step budget shared by the recursion."""
 
     def __init__(self, system: System):
         self.s = system
         self.time = 0
+        # Paths are fixed for the whole search (followPath takes bandwidth from links, never from paths), so what
+        # depends on paths alone is computed once per search, not on each of the search's millions of steps
+        # (ours: NCCL's C walks these lists each time, where it costs nanoseconds).
+        self._nets: dict = {}
+        self._local: dict = {}
+        self._order: dict = {}
+        self._net_index: dict = {}
+        self._pci: dict = {}
+
+    def select_nets(self, type_inter: int, gpu: int) -> tuple:
+        """``ncclTopoSelectNets`` (nets.py), once per search for each (typeInter, GPU)."""
+        key = (type_inter, gpu)
+        nets = self._nets.get(key)
+        if nets is None:
+            nets = self._nets[key] = tuple(select_nets(self.s, type_inter, gpu))
+        return nets
+
+    def net_index(self, net_id: int) -> int:
+        """``getNetIndex`` (nets.py), once per search for each NET id."""
+        n = self._net_index.get(net_id)
+        if n is None:
+            n = self._net_index[net_id] = net_index(self.s, net_id)
+        return n
+
+    def gpu_pci_bw(self, g: int) -> int:
+        """``gpuPciBw`` (nets.py): the bandwidth is what the search left on the links, read each time; the two
+        links are found once."""
+        links = self._pci.get(g)
+        if links is None:
+            links = self._pci[g] = gpu_pci_links(self.s.nodes[GPU][g])
+        return gpu_pci_bw(self.s.nodes[GPU][g], links)
+
+    def get_local(self, t: int, index: int, result_t: int) -> tuple:
+        """``ncclTopoGetLocal`` (paths.py), once per search for each node and result type."""
+        key = (t, index, result_t)
+        out = self._local.get(key)
+        if out is None:
+            gpus, path_type = get_local(self.s, t, index, result_t)
+            out = self._local[key] = (tuple(gpus), path_type)
+        return out
 
     # --- links -----------------------------------------------------------------------------------------------
+    @staticmethod
+    def _plan(path, start) -> tuple:
+        """What ``followPath`` looks at on each link of ``path`` from ``start``, none of which the search changes
+        (ours: worked out once per path instead of on every step): whether it crosses an Intel x86 CPU, and per
+        link (link, is PCI, its reverse link or None, a reverse share for a pre-Volta GPU (bw/8), for a
+        POWER CPU's NVLink (bw)).  Kept on the path with the link list it was made from."""
+        plan = path.__dict__.get("follow_plan")
+        if plan is not None and plan[0] is path.links:
+            return plan
+        intel = any(lk.rem.type == CPU and lk.rem.arch == ARCH_X86 and lk.rem.vendor == VENDOR_INTEL
+                    for lk in path.links)
+        steps, node = [], start
+        for link in path.links:
+            old_gpu = link.rem.type == DEV and link.rem.sm < 80 and start.type != GPU
+            power = link.rem.type == CPU and link.rem.arch == ARCH_POWER and link.type == LINK_NVL
+            rev = next(lk for lk in link.rem.links if lk.rem is node and lk.type == link.type) \
+                if old_gpu or power else None
+            steps.append((link, link.type == LINK_PCI, rev, old_gpu, power))
+            node = link.rem
+        plan = path.follow_plan = (path.links, intel, steps)
+        return plan
+
     def _follow(self, path, start, max_steps: int, bw: float) -> int:
         """``followPath``: subtract ``bw`` along the first ``max_steps`` links; return how many fitted."""
+        _, intel, steps = self._plan(path, start)
         pci_bw = bw
-        intel = getattr(path, "via_intel_cpu", None)
-        if intel is None:   # the path crosses an Intel x86 CPU (cached on the path)
-            intel = path.via_intel_cpu = any(lk.rem.type == CPU and lk.rem.arch == ARCH_X86 and
-                                             lk.rem.vendor == VENDOR_INTEL for lk in path.links)
         if intel and path.type == PATH_PHB and start.type == GPU:
             pci_bw = f32(f32(bw * 6) / 5)   # INTEL_P2P_OVERHEAD: GPU P2P through an Intel CPU costs 6/5
-        node = start
         for step in range(max_steps):
-            link = path.links[step]
-            rev = None
-            fw = pci_bw if link.type == LINK_PCI else bw
+            link, is_pci, rev, old_gpu, power = steps[step]
+            fw = pci_bw if is_pci else bw
+            if rev is None:
+                if link.bw < fw:
+                    return step
+                link.bw = _sub_round(link.bw, fw)
+                continue
             rev_bw = 0.0
-            if link.rem.type == DEV and link.rem.sm < 80 and start.type != GPU:
-                rev = next(lk for lk in link.rem.links if lk.rem is node and lk.type == link.type)
+            if old_gpu:
                 rev_bw = f32(rev_bw + f32(fw / 8))
-            if link.rem.type == CPU and link.rem.arch == ARCH_POWER and link.type == LINK_NVL:
-                rev = rev or next(lk for lk in link.rem.links if lk.rem is node and lk.type == link.type)
+            if power:
                 rev_bw = f32(rev_bw + fw)
             if link.bw < fw or (rev_bw and rev.bw < rev_bw):
                 return step
             link.bw = _sub_round(link.bw, fw)
             if rev_bw:
                 rev.bw = _sub_round(rev.bw, rev_bw)
-            node = link.rem
         return max_steps
 
     def follow_path(self, graph: Graph, t1: int, i1: int, t2: int, i2: int, mult: float):
@@ -175,6 +244,25 @@ class Search:
         return target
 
     # --- GPU order -------------------------------------------------------------------------------------------
+    def _next_gpus(self, start: int, net: int) -> list[tuple]:
+        """``ncclTopoSearchNextGpuSort``'s candidates from GPU ``start``: (GPU, distance, intra hops, intra
+        bandwidth) and, from NET ``net`` when >= 0 (NCCL's getNetPaths), (inter bandwidth, inter hops).  Paths only,
+        so once per search.  Without a NET every inter field is 0: then the whole score, in cmpScore's order."""
+        gpus = self.s.nodes[GPU]
+        n = len(gpus)
+        paths = gpus[start].paths[GPU]
+        net_paths = self.s.nodes[NET][net].paths[GPU] if net >= 0 else None
+        out = []
+        for i in range(1, n):
+            g = (start + i) % n
+            if paths[g].count == 0:
+                continue
+            inter = (int(net_paths[g].bw), net_paths[g].count) if net_paths else (0, 0, 0)
+            out.append((g, i, paths[g].count, int(paths[g].bw)) + inter)
+        if net < 0:
+            out.sort(key=_cmp_score)
+        return out
+
     def next_gpu_sort(self, graph: Graph, gpu, sort_net: int) -> list[int]:
         """``ncclTopoSearchNextGpuSort``: candidates by bandwidth then hops then distance from ``gpu``; with
         NVSwitches only the next (ring) or previous (trees) GPU in index order is tried."""
@@ -182,19 +270,15 @@ class Search:
         gpus = self.s.nodes[GPU]
         n = len(gpus)
         start = gpus.index(gpu)
-        paths = gpu.paths[GPU]
-        net_paths = None
-        if sort_net:   # getNetPaths: the paths from this channel's starting NET
-            net_paths = self.s.nodes[NET][net_index(self.s, graph.inter[graph.n_channels][0])].paths[GPU]
-        scores = []
-        for i in range(1, n):
-            g = (start + i) % n
-            if paths[g].count == 0 or gpus[g].used & flag:
-                continue
-            inter = (int(net_paths[g].bw), gpu_pci_bw(gpus[g]), net_paths[g].count) if net_paths else (0, 0, 0)
-            scores.append((g, i, paths[g].count, int(paths[g].bw)) + inter)
-        # cmpScore: interBw desc, interPciBw desc, interNhops asc, intraBw desc, intraNhops asc, startIndex asc
-        scores.sort(key=lambda s: (-s[4], -s[5], s[6], -s[3], s[2], s[1]))
+        net = self.net_index(graph.inter[graph.n_channels][0]) if sort_net else -1
+        cands = self._order.get((start, net))
+        if cands is None:
+            cands = self._order[(start, net)] = self._next_gpus(start, net)
+        if net < 0:   # dropping the GPUs this channel used keeps the (stable) sorted order
+            scores = [c for c in cands if not gpus[c[0]].used & flag]
+        else:         # a GPU's PCI bandwidth left is live (followPath takes from it): score and sort each time
+            scores = [c[:5] + (self.gpu_pci_bw(c[0]), c[5]) for c in cands if not gpus[c[0]].used & flag]
+            scores.sort(key=_cmp_score)
         same = all(s[3] == scores[0][3] and s[2] == scores[0][2] for s in scores) if scores else True
         nxt = [s[0] for s in (reversed(scores) if sort_net == -1 and same else scores)]
         count = len(nxt)
@@ -337,8 +421,8 @@ class Search:
     def back_to_net(self, graph, save, gpu, g, step, back_first, forced):
         """The ``step == backToNet`` branch of ``ncclTopoSearchRecGpu``: leave the node through every NIC the
         channel may end at (a balanced tree counts half the bandwidth on each of its first two GPUs)."""
-        start = self.s.nodes[NET][net_index(self.s, graph.inter[graph.n_channels][0])]
-        for n in select_nets(self.s, graph.type_inter, g):
+        start = self.s.nodes[NET][self.net_index(graph.inter[graph.n_channels][0])]
+        for n in self.select_nets(graph.type_inter, g):
             if not check_net(graph, start, self.s.nodes[NET][n], step):
                 continue
             next_back = -1
@@ -368,7 +452,7 @@ class Search:
         number), replay the previous channel's first GPU, or try PCI order once (no NVSwitch), then the NIC's
         local GPU, then its other closest GPUs."""
         bw = int(graph.bw_inter)          # NCCL keeps it in an int
-        nets = select_nets(self.s, graph.type_inter, -1)
+        nets = self.select_nets(graph.type_inter, -1)
         found = False
         c = graph.n_channels
         for i in range(len(nets)):
@@ -406,7 +490,7 @@ class Search:
                 local = net.local_gpu
                 if local != -1:
                     yield self.try_gpu(graph, save, 0, back_net, back_first, 0, NET, n, local)
-                gpus, path_type = get_local(self.s, NET, n, GPU)
+                gpus, path_type = self.get_local(NET, n, GPU)
                 if path_type == PATH_DIS:
                     continue      # as NCCL: this skips giving the NIC's bandwidth back
                 for g in gpus:
