@@ -19,7 +19,7 @@ class _Stop(Exception):
 
 
 def _dgx1_system():
-    """A DGX-1-like node (NVLink cube mesh, no NVSwitch, 4 NICs) as node 0 of 2, so its channels start and end at
+    """A DGX-1-like node (V100s in an NVLink cube mesh, no NVSwitch, 4 NICs) as node 0 of 2, so its channels start and end at
     NICs: its paths computed, before any search."""
     got = {}
 
@@ -28,7 +28,7 @@ def _dgx1_system():
         raise _Stop
 
     try:
-        search_node(DGX1, 8, StandIns(sm=80), first_rank=0, comm_nranks=16, compute=keep)
+        search_node(DGX1, 8, StandIns(), first_rank=0, comm_nranks=16, compute=keep)
     except _Stop:
         pass
     return got["system"]
@@ -40,7 +40,7 @@ def test_a_search_lists_each_nic_choice_once(monkeypatch):
     real = search.select_nets
     monkeypatch.setattr(search, "select_nets", lambda s, t, g: calls.append((t, g)) or real(s, t, g))
     graph = topo_compute(system, Graph(id=0, pattern=RING, min_channels=1, max_channels=32))
-    assert graph.n_channels > 0
+    assert not graph.fallback
     # one call per (typeInter, GPU or -1) asked, not one per step of the walk (hundreds of thousands before)
     assert len(calls) == len(set(calls)) and len(calls) <= 16 * (len(system.nodes[GPU]) + 1), len(calls)
 
@@ -60,9 +60,11 @@ def test_next_gpu_order_reads_the_pci_bandwidth_left_on_each_call():
     saved = link.bw, back.bw
     link.bw = back.bw = 0.0
     try:
-        again = s.next_gpu_sort(graph, gpu, 1)
-        assert again == Search(system).next_gpu_sort(graph, gpu, 1)
-        assert again[0] != first[0] and sorted(again) == sorted(first), (first, again)
+        again, fresh = s.next_gpu_sort(graph, gpu, 1), Search(system).next_gpu_sort(graph, gpu, 1)
     finally:
         link.bw, back.bw = saved
-    assert s.next_gpu_sort(graph, gpu, 1) == first
+    restored = s.next_gpu_sort(graph, gpu, 1)
+    # (lists only in the asserts: pytest's report of a failed one would print a node, its links and paths: long)
+    assert again == fresh, (again, fresh)
+    assert again[0] != first[0] and sorted(again) == sorted(first), (first, again)
+    assert restored == first, (restored, first)

@@ -57,10 +57,9 @@ def gpu_pci_links(gpu: Node) -> tuple:
                  for back in link.rem.links if back.rem is dev), ())
 
 
-def gpu_pci_bw(gpu: Node, links: tuple | None = None) -> int:
-    """``gpuPciBw``: the narrower direction of the GPU's PCI link, as NCCL's int (-1 without one); ``links``:
-    ``gpu_pci_links(gpu)`` already found."""
-    links = gpu_pci_links(gpu) if links is None else links
+def gpu_pci_bw(links: tuple) -> int:
+    """``gpuPciBw``: the narrower direction of the GPU's PCI link, as NCCL's int, from ``gpu_pci_links`` (the
+    bandwidth the search left on them); -1 without one."""
     return int(min(links[0].bw, links[1].bw)) if links else -1
 
 

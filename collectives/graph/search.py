@@ -19,8 +19,9 @@ Across nodes (``system.inter``) each channel starts at a NET, visits the node's 
 crossNic 0/1/2 (NCCL_CROSS_NIC).  Not ported on purpose: CollNet (no SHARP plugin), NCCL_GRAPH_FILE.
 
 Ours, for speed, with the same steps and the same graphs: what depends on paths alone (the NIC lists, the GPUs
-closest to a NIC, the fixed part of the next-GPU scores, each path's links) is worked out once per ``Search``, since
-the search changes the bandwidth left on links and never a path; NCCL's C recomputes it at each step.
+closest to a NIC, the fixed part of the next-GPU scores) is worked out once per ``Search``, and followPath's walk of
+a path's links once per path, since the search changes the bandwidth left on links and NICs and never a path; NCCL's
+C recomputes them at each step.
 """
 from __future__ import annotations
 
@@ -126,9 +127,9 @@ class Search:
     def __init__(self, system: System):
         self.s = system
         self.time = 0
-        # Paths are fixed for the whole search (followPath takes bandwidth from links, never from paths), so what
-        # depends on paths alone is computed once per search, not on each of the search's millions of steps
-        # (ours: NCCL's C walks these lists each time, where it costs nanoseconds).
+        # Paths are fixed for the whole search (it takes bandwidth from links and NICs, never from paths), so what
+        # depends on paths alone is computed once per search, not on each of its millions of steps (ours: NCCL's C
+        # walks these lists each time, where it costs nanoseconds).  followPath's plan is kept on the path itself.
         self._nets: dict = {}
         self._local: dict = {}
         self._order: dict = {}
@@ -156,7 +157,7 @@ class Search:
         links = self._pci.get(g)
         if links is None:
             links = self._pci[g] = gpu_pci_links(self.s.nodes[GPU][g])
-        return gpu_pci_bw(self.s.nodes[GPU][g], links)
+        return gpu_pci_bw(links)
 
     def get_local(self, t: int, index: int, result_t: int) -> tuple:
         """``ncclTopoGetLocal`` (paths.py), once per search for each node and result type."""
@@ -172,8 +173,9 @@ class Search:
     def _plan(path, start) -> tuple:
         """What ``followPath`` looks at on each link of ``path`` from ``start``, none of which the search changes
         (ours: worked out once per path instead of on every step): whether it crosses an Intel x86 CPU, and per
-        link (link, is PCI, its reverse link or None, a reverse share for a pre-Volta GPU (bw/8), for a
-        POWER CPU's NVLink (bw)).  Kept on the path with the link list it was made from."""
+        link (link, is PCI, its reverse link or None, whether the link enters a pre-Ampere GPU (sm < 80: the
+        reverse link pays fw/8), whether it is a POWER CPU's NVLink (the reverse pays fw)).  Kept on the path, with
+        the link list it was made from (paths.py gives a path a new list whenever it changes its links)."""
         plan = path.__dict__.get("follow_plan")
         if plan is not None and plan[0] is path.links:
             return plan
@@ -245,9 +247,10 @@ class Search:
 
     # --- GPU order -------------------------------------------------------------------------------------------
     def _next_gpus(self, start: int, net: int) -> list[tuple]:
-        """``ncclTopoSearchNextGpuSort``'s candidates from GPU ``start``: (GPU, distance, intra hops, intra
-        bandwidth) and, from NET ``net`` when >= 0 (NCCL's getNetPaths), (inter bandwidth, inter hops).  Paths only,
-        so once per search.  Without a NET every inter field is 0: then the whole score, in cmpScore's order."""
+        """``ncclTopoSearchNextGpuSort``'s candidates from GPU ``start``, as ``_cmp_score`` reads them: (GPU,
+        distance, intra hops, intra bandwidth, inter bandwidth, inter PCI bandwidth, inter hops), the inter fields
+        from NET ``net`` when >= 0 (NCCL's getNetPaths), else 0.  Paths only, so once per search; without a NET
+        that is the whole score, already in cmpScore's order."""
         gpus = self.s.nodes[GPU]
         n = len(gpus)
         paths = gpus[start].paths[GPU]
@@ -257,7 +260,8 @@ class Search:
             g = (start + i) % n
             if paths[g].count == 0:
                 continue
-            inter = (int(net_paths[g].bw), net_paths[g].count) if net_paths else (0, 0, 0)
+            # the inter PCI bandwidth (slot 5) is live: 0 here, filled in by next_gpu_sort when there is a NET
+            inter = (int(net_paths[g].bw), 0, net_paths[g].count) if net >= 0 else (0, 0, 0)
             out.append((g, i, paths[g].count, int(paths[g].bw)) + inter)
         if net < 0:
             out.sort(key=_cmp_score)
@@ -277,7 +281,7 @@ class Search:
         if net < 0:   # dropping the GPUs this channel used keeps the (stable) sorted order
             scores = [c for c in cands if not gpus[c[0]].used & flag]
         else:         # a GPU's PCI bandwidth left is live (followPath takes from it): score and sort each time
-            scores = [c[:5] + (self.gpu_pci_bw(c[0]), c[5]) for c in cands if not gpus[c[0]].used & flag]
+            scores = [c[:5] + (self.gpu_pci_bw(c[0]), c[6]) for c in cands if not gpus[c[0]].used & flag]
             scores.sort(key=_cmp_score)
         same = all(s[3] == scores[0][3] and s[2] == scores[0][2] for s in scores) if scores else True
         nxt = [s[0] for s in (reversed(scores) if sort_net == -1 and same else scores)]
