@@ -23,11 +23,11 @@ def timed_across(fn, iters: int, world, cpu: list | None = None) -> float:
     t0 = time.perf_counter()
     for _ in range(iters):
         fn()
-    per_call = [time.perf_counter() - t0]
+    totals = [time.perf_counter() - t0]
     if cpu is not None:
         c1 = resource.getrusage(resource.RUSAGE_SELF)
-        per_call += [c1.ru_utime - c0.ru_utime, c1.ru_stime - c0.ru_stime]
-    mean = world.allreduce(np.array(per_call) / iters) / world.size
+        totals += [c1.ru_utime - c0.ru_utime, c1.ru_stime - c0.ru_stime]
+    mean = world.allreduce(np.array(totals) / iters) / world.size
     if cpu is not None:
         cpu.append((float(mean[1]), float(mean[2])))
     return float(mean[0])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import collectives.graph.search as search
 from collectives.graph.init_topo import search_node
+from collectives.graph.nets import gpu_pci_links
 from collectives.graph.search import RING, Graph, Search, topo_compute
 from collectives.graph.topo import GPU, NET
 from collectives.graph.topo_xml import StandIns
@@ -19,8 +20,8 @@ class _Stop(Exception):
 
 
 def _dgx1_system():
-    """A DGX-1-like node (V100s in an NVLink cube mesh, no NVSwitch, 4 NICs) as node 0 of 2, so its channels start and end at
-    NICs: its paths computed, before any search."""
+    """A DGX-1-like node (V100s in an NVLink cube mesh, no NVSwitch, 4 NICs) as node 0 of 2, so its channels start
+    and end at NICs: its paths computed, before any search."""
     got = {}
 
     def keep(system, graph, trace=None):
@@ -55,8 +56,7 @@ def test_next_gpu_order_reads_the_pci_bandwidth_left_on_each_call():
     assert len(first) > 2
     # the search takes the bandwidth of the first candidate's PCI link: it falls behind the GPUs as close to the
     # NIC, in this Search (its memo filled) as in a new one (nothing memoised)
-    link, back = next((lk, b) for lk in system.nodes[GPU][first[0]].parent.links if lk.type == search.LINK_PCI
-                      for b in lk.rem.links if b.rem is system.nodes[GPU][first[0]].parent)
+    link, back = gpu_pci_links(system.nodes[GPU][first[0]])
     saved = link.bw, back.bw
     link.bw = back.bw = 0.0
     try:

@@ -130,43 +130,34 @@ class Search:
         # Paths are fixed for the whole search (it takes bandwidth from links and NICs, never from paths), so what
         # depends on paths alone is computed once per search, not on each of its millions of steps (ours: NCCL's C
         # walks these lists each time, where it costs nanoseconds).  followPath's plan is kept on the path itself.
-        self._nets: dict = {}
-        self._local: dict = {}
-        self._order: dict = {}
-        self._net_index: dict = {}
-        self._pci: dict = {}
+        self._memo: dict = {}
+
+    def _once(self, key: tuple, make):
+        """``make()``'s value for ``key``, computed on the first ask of this search only."""
+        value = self._memo.get(key)
+        if value is None:
+            value = self._memo[key] = make()
+        return value
 
     def select_nets(self, type_inter: int, gpu: int) -> tuple:
         """``ncclTopoSelectNets`` (nets.py), once per search for each (typeInter, GPU)."""
-        key = (type_inter, gpu)
-        nets = self._nets.get(key)
-        if nets is None:
-            nets = self._nets[key] = tuple(select_nets(self.s, type_inter, gpu))
-        return nets
+        return self._once(("nets", type_inter, gpu), lambda: tuple(select_nets(self.s, type_inter, gpu)))
 
     def net_index(self, net_id: int) -> int:
         """``getNetIndex`` (nets.py), once per search for each NET id."""
-        n = self._net_index.get(net_id)
-        if n is None:
-            n = self._net_index[net_id] = net_index(self.s, net_id)
-        return n
+        return self._once(("net", net_id), lambda: net_index(self.s, net_id))
 
     def gpu_pci_bw(self, g: int) -> int:
         """``gpuPciBw`` (nets.py): the bandwidth is what the search left on the links, read each time; the two
         links are found once."""
-        links = self._pci.get(g)
-        if links is None:
-            links = self._pci[g] = gpu_pci_links(self.s.nodes[GPU][g])
-        return gpu_pci_bw(links)
+        return gpu_pci_bw(self._once(("pci", g), lambda: gpu_pci_links(self.s.nodes[GPU][g])))
 
     def get_local(self, t: int, index: int, result_t: int) -> tuple:
         """``ncclTopoGetLocal`` (paths.py), once per search for each node and result type."""
-        key = (t, index, result_t)
-        out = self._local.get(key)
-        if out is None:
+        def make():
             gpus, path_type = get_local(self.s, t, index, result_t)
-            out = self._local[key] = (tuple(gpus), path_type)
-        return out
+            return tuple(gpus), path_type
+        return self._once(("local", t, index, result_t), make)
 
     # --- links -----------------------------------------------------------------------------------------------
     @staticmethod
@@ -275,9 +266,7 @@ class Search:
         n = len(gpus)
         start = gpus.index(gpu)
         net = self.net_index(graph.inter[graph.n_channels][0]) if sort_net else -1
-        cands = self._order.get((start, net))
-        if cands is None:
-            cands = self._order[(start, net)] = self._next_gpus(start, net)
+        cands = self._once(("order", start, net), lambda: self._next_gpus(start, net))
         if net < 0:   # dropping the GPUs this channel used keeps the (stable) sorted order
             scores = [c for c in cands if not gpus[c[0]].used & flag]
         else:         # a GPU's PCI bandwidth left is live (followPath takes from it): score and sort each time
