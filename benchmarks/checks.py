@@ -32,7 +32,7 @@ def lab_wrong(comm, world, size: int, seed: int, register: bool = False) -> int:
     comm.all_reduce(x, out=out)
     for h in handles:
         comm.deregister(h)
-    want = reference.all_reduce(inputs, "sum", **comm.reference_config("AllReduce", x.size, x.dtype))
+    want = reference.all_reduce(inputs, "sum", **comm.reference_config("AllReduce", x.size, x.dtype, register))
     return world.allreduce(count_wrong(out, want))
 
 

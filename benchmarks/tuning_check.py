@@ -1,6 +1,6 @@
 """The cost model's pick against every forced algorithm and protocol, side by side in one run: issue 27's tuning test.
 
-    mpirun -n 4 python benchmarks/tuning_check.py [-b 8] [-e 16M] [-f 8]
+    mpirun -n 4 python benchmarks/tuning_check.py [-b 8] [-e 16M] [-f 8] [--nodes K] [-R 1]
 
 One communicator plans as the cost model does (``ncclTopoTuneModel`` then ``getAlgoInfo``'s choice); one more per
 forced pair, ``NCCL_ALGO`` x ``NCCL_PROTO`` in their grammar (``Communicator(algorithms=..., protocols=...)``):
@@ -11,16 +11,24 @@ against NCCL's order once.  Rank 0 prints the times and, per size, the fastest f
 over it, the pick's time being that of the forced pair equal to it (the ``pick`` column, the unforced
 communicator, shows how far two runs of one plan differ on this machine); where that exceeds 1.2 (a forced pair more than 20% faster than the pick) the line names the size, the
 pick and the faster pair, NOT met, and the last line gives the goal over all sizes.
+
+``--nodes K`` runs the ranks as K emulated nodes (``NCCL_HOSTID`` per block of ranks, as ``allreduce_vs_gloo.py``):
+every communicator then crosses NET/Socket, where the preset's NET row and the tuner plugin's registered rule decide.
+``-R 1`` (nccl-tests' flag) registers the input and output with every communicator (``comm.register``): the pick is
+planned as a registered call (``getCollInfo``'s ``regBuff``), and every forced Ring/Simple call moves its NET steps
+straight between the user's buffers.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import numpy as np
 from mpi4py import MPI
 
 import collectives
+from collectives.job import node_hostid
 from collectives.perf.args import sizes
 from checks import lab_wrong, verdict
 from timing import add_side_by_side_args, iters_for, timed_rounds
@@ -32,28 +40,44 @@ SLACK = 1.2  # the pick may be at most this much slower than the fastest forced 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_side_by_side_args(p, "16M", 8, 100)
+    p.add_argument("--nodes", type=int, default=1, help="emulated nodes (NCCL_HOSTID per block of ranks)")
+    p.add_argument("-R", "--local_register", type=int, choices=(0, 1), default=0,
+                   help="1: register the buffers with every communicator (ncclCommRegister), as nccl-tests' -R 1")
     a = p.parse_args()
     world = MPI.COMM_WORLD
-    model = collectives.Communicator()
-    forced = {f"{al}/{pr}": collectives.Communicator(algorithms=al, protocols=pr) for al, pr in FORCED}
+    if a.nodes < 1 or world.size % a.nodes:
+        raise SystemExit(f"tuning_check: --nodes {a.nodes} does not divide {world.size} ranks")
+    os.environ["NCCL_HOSTID"] = node_hostid(world.rank, world.size, a.nodes)
+    reg = bool(a.local_register)
+
+    def communicator(**kw):
+        uid = world.bcast(collectives.get_unique_id().to_bytes() if world.rank == 0 else None)
+        return collectives.Communicator(uid, world.size, world.rank, **kw)
+    model = communicator()
+    forced = {f"{al}/{pr}": communicator(algorithms=al, protocols=pr) for al, pr in FORCED}
     if world.rank == 0:
-        print(f"# AllReduce float32 sum, n={world.size}, us per call: the cost model's pick against each forced "
-              f"NCCL_ALGO/NCCL_PROTO ('-': the plan is not the forced pair there)")
+        shape = f" as {a.nodes} x {world.size // a.nodes} emulated nodes" if a.nodes > 1 else ""
+        print(f"# AllReduce float32 sum, n={world.size}{shape}, buffers {'registered (-R 1)' if reg else 'not registered'}"
+              f", us per call: the cost model's pick against each forced NCCL_ALGO/NCCL_PROTO ('-': the plan is not "
+              f"the forced pair there)")
         print(f"# {'size':>10} {'pick':>12} {'pick us':>9} " + " ".join(f"{k:>11}" for k in forced)
               + f" {'fastest':>12} {'pick/fastest':>12}")
     wrong, flagged, checked = 0, [], 0
     for size in sizes(a):
         x = np.random.default_rng(world.rank).uniform(-1, 1, max(1, size // 4)).astype(np.float32)
         out = np.empty_like(x)
-        plan = model.plan("AllReduce", x.size, x.dtype)
+        plan = model.plan("AllReduce", x.size, x.dtype, reg)
         pick = f"{plan.algo}/{plan.proto}"
         live = {k: c for k, c in forced.items()
-                if "/".join((c.plan("AllReduce", x.size, x.dtype).algo, c.plan("AllReduce", x.size, x.dtype).proto))
-                == k}
+                if "/".join((c.plan("AllReduce", x.size, x.dtype, reg).algo,
+                             c.plan("AllReduce", x.size, x.dtype, reg).proto)) == k}
+        handles = [(c, c.register(b)) for c in [model, *live.values()] for b in (x, out)] if reg else []
         calls = {"pick": lambda: model.all_reduce(x, out=out)}
         calls.update({k: (lambda c=c: c.all_reduce(x, out=out)) for k, c in live.items()})
         t = timed_rounds(calls, iters_for(size, 100, a.iters), world, a.rounds, warmup=a.warmup_iters)
-        wrong += sum(lab_wrong(c, world, x.nbytes, seed=x.nbytes) for c in [model, *live.values()])
+        for c, h in handles:
+            c.deregister(h)
+        wrong += sum(lab_wrong(c, world, x.nbytes, seed=x.nbytes, register=reg) for c in [model, *live.values()])
         best = min(live, key=t.get) if live else None
         # the pick is judged by its forced twin (the same pair, timed like the others) where there is one: the
         # pick against its twin is this machine's noise, not a tuning miss

@@ -272,12 +272,13 @@ class Communicator(GatherScatter):
     def _prepare(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> Launch:
         """What a call resolves to from its arguments alone: its ``Task`` (built on first use, kept by function,
         count, type, op and root), whether it is in place, and its compiled form."""
-        key = (func, count, send.dtype, op, root)
+        registered = bool(self._registry.regs) and self._registry.both(send, recv)  # ncclGetAlgoInfo's regBuff
+        key = (func, count, send.dtype, op, root, registered)
         task = self._tasks.get(key)
         if task is None:
             if len(self._tasks) > 4096:  # many distinct calls: start again rather than grow without bound
                 self._tasks.clear()
-            task = self._tasks[key] = new_task(self, func, count, send.dtype, op, root)
+            task = self._tasks[key] = new_task(self, func, count, send.dtype, op, root, registered)
         placed = in_place(func, self.rank, send, recv)
         compiled = compiled_form(task, self._compiled, placed, send, self.tracer is not None)
         # Compiled on the CPU with nothing traced, logged or proxied around it: the call is the kernel alone.
@@ -321,11 +322,13 @@ class Communicator(GatherScatter):
         AllReduce whose send and receive buffers are both registered moves its NET steps straight between the user
         buffers and the network (``register.py``)."""
         self._check()
+        self._checked = None  # a repeated call prepares again: registration may change its plan (the tuner)
         return self._registry.register(id(self), buf)
 
     def deregister(self, handle: register.Registration | None) -> None:
         """``ncclCommDeregister``."""
         self._check()
+        self._checked = None
         self._registry.deregister(handle)
 
     # ------------------------------------------------------------------ point-to-point
@@ -395,19 +398,23 @@ class Communicator(GatherScatter):
                               dtype_name(send.dtype) if func not in IN_PLACE_MATTERS else "int8", task.redop.name,
                               task.root, plan.nchannels, t0, t1)], 0, t0, t1)
 
-    def plan(self, func: str, count: int, dtype) -> enqueue.Plan:
-        """How ``func`` of ``count`` elements would run: protocol, channels, parts, chunks (no data moves)."""
-        key = (func, count, np.dtype(dtype).itemsize)
+    def plan(self, func: str, count: int, dtype, registered: bool = False) -> enqueue.Plan:
+        """How ``func`` of ``count`` elements would run: protocol, channels, parts, chunks (no data moves);
+        ``registered``: its send and receive buffers are both registered (``comm.register``), which a tuner
+        plugin is told."""
+        key = (func, count, np.dtype(dtype).itemsize, registered)
         plan = self._plans.get(key)
         if plan is None:
             if len(self._plans) > 4096:
                 self._plans.clear()
-            plan = self._plans[key] = enqueue.plan_coll(self.tuning, self.cost_model.choose, func, count, key[2])
+            plan = self._plans[key] = enqueue.plan_coll(self.tuning, self.cost_model.choose, func, count, key[2],
+                                                        registered)
         return plan
 
-    def reference_config(self, func: str, count: int, dtype) -> dict:
-        """What ``collectives.perf.reference`` needs to reproduce this call (the protocol depends on its size)."""
-        return reference_config(self.plan(func, count, dtype), self.rings, self.trees, self.buff_sizes,
+    def reference_config(self, func: str, count: int, dtype, registered: bool = False) -> dict:
+        """What ``collectives.perf.reference`` needs to reproduce this call (the protocol depends on its size,
+        and, through the tuner plugin, on whether its buffers are registered)."""
+        return reference_config(self.plan(func, count, dtype, registered), self.rings, self.trees, self.buff_sizes,
                                 self.machine.ring.n_channels)
 
     def tree_table(self) -> list[dict]:

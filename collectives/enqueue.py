@@ -234,12 +234,13 @@ def _cbd_parts(count: int, elt_size: int, tpb: int, traffic_per_channel: int, ch
     return parts, channel_id, current
 
 
-def plan_coll(t: Tuning, choose, func: str, count: int, elt_size: int) -> Plan:
+def plan_coll(t: Tuning, choose, func: str, count: int, elt_size: int, reg_buff: bool = False) -> Plan:
     """``func`` of ``count`` elements planned as ``ncclPrepareTasks`` does: ``choose`` (the cost model's
     ``CostModel.choose``: bytes -> algorithm, protocol, predicted time) picks for ``ncclFuncMaxSendRecvCount``'s
-    bytes, then ``schedule_coll`` splits the call into channels and chunks."""
+    bytes, told ``reg_buff`` (``ncclGetAlgoInfo``'s ``regBuff`` for a tuner plugin: both buffers registered), then
+    ``schedule_coll`` splits the call into channels and chunks."""
     nbytes = elt_size * max_send_recv_count(func, t.nranks, count)
-    algo, proto, predicted = choose(func, nbytes)
+    algo, proto, predicted = choose(func, nbytes, 1, reg_buff)
     if debug.enabled("TRACE", "COLL"):  # topoGetAlgoInfo prints the ids
         debug.trace("COLL", f"{nbytes} Bytes -> Algo {ALGOS.index(algo)} proto {PROTOCOLS[proto].id} "
                             f"time {predicted:f}")

@@ -101,6 +101,11 @@ class Registry:
                 return reg
         return None
 
+    def both(self, send: np.ndarray, recv: np.ndarray) -> bool:
+        """``ncclGetAlgoInfo``'s ``regBuff``: the send and the receive buffer each lie in a registration (what a
+        tuner plugin is told; whether the call then uses them is ``ring_net``'s answer)."""
+        return self.find(address(send), send.nbytes) is not None and self.find(address(recv), recv.nbytes) is not None
+
     def ring_net(self, task, send: np.ndarray, recv: np.ndarray) -> tuple | None:
         """``ncclRegisterCollBuffers`` for a Ring AllReduce: (send registration, receive registration) when this
         call takes the NET registered path, else None."""

@@ -42,12 +42,13 @@ class Task:
     compiled: dict = field(default_factory=dict)   # in_place -> compiled.Compiled or None
 
 
-def new_task(comm, func: str, count: int, dtype: np.dtype, op: str, root: int) -> Task:
-    """Resolve a call on ``comm``: checks the op (a bad one raises here, before anything is published)."""
+def new_task(comm, func: str, count: int, dtype: np.dtype, op: str, root: int, registered: bool = False) -> Task:
+    """Resolve a call on ``comm``: checks the op (a bad one raises here, before anything is published);
+    ``registered``: both its buffers are registered (the plan's tuner is told)."""
     name = parse_op(op)
     code = DTYPE_CODES[dtype_name(dtype)]
     signature = (FUNC_CODES[func], count, code, OPS[name], root)
-    plan = comm.plan(func, count, dtype) if count and comm.nranks > 1 else None
+    plan = comm.plan(func, count, dtype, registered) if count and comm.nranks > 1 else None
     task = Task(func, count, name, root, RedOp(name, np.dtype(dtype), comm.nranks), code, signature,
                 np.array((0, *signature), np.int64), plan)
     if plan is not None:

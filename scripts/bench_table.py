@@ -8,7 +8,8 @@ DIR holds what ``./lab bench`` leaves there:
   ``allreduce_vs_mpi-n<N>.txt`` (its printed table, for each size's algorithm/protocol and the goal lines);
   ``allreduce_vs_gloo-<K>x<M>-n<N>.json`` and ``.txt`` alike (ours and Gloo's across K emulated nodes of M ranks,
   and, at K x 1, a third series: a ring's bytes alone over loopback TCP, ``benchmarks/tcp_floor.py``);
-* ``tuning_check-n<N>.txt``: only its goal lines (the cost model's pick against each forced pair);
+* ``tuning_check-n<N>.txt`` and ``tuning_check-<K>x<M>-n<N>.txt`` (across K emulated nodes of M ranks): only
+  their goal lines (the cost model's pick against each forced pair);
 * ``latency-n<N>.txt`` and ``net_vs_shm-n<N>.txt``: ``benchmarks/latency.py`` and ``benchmarks/net_vs_shm.py``
   have no ``--json``, so their printed tables are read (the layout of their header lines is checked: a change
   there is an error here, not a wrong table).
@@ -175,9 +176,12 @@ def read(dirname: str) -> dict:
             pts = {int(r[0]): (float(r[1 + 2 * i]), float(r[2 + 2 * i])) for r in rows}
             series.append((f"`net_vs_shm.py`, n = {n}", label, pts))
         notes += [f"`net_vs_shm.py`, n = {n}: {g}" for g in goals(comments)]
-    for path in sorted(glob.glob(os.path.join(dirname, "tuning_check-n*.txt")), key=rank_count):
+    for path in sorted(glob.glob(os.path.join(dirname, "tuning_check-*n*.txt")), key=lambda p: (rank_count(p), p)):
         files.append(path)  # its goal lines only: its times per forced pair are in the file, not in the table
-        notes += [f"`tuning_check.py`, n = {rank_count(path)}: {g}" for g in goals(table_lines(path)[0])]
+        shape = re.search(r"tuning_check-(\d+)x(\d+)-n\d+\.txt$", path)
+        bench = f"`tuning_check.py`, n = {rank_count(path)}" + (f", {shape.group(1)} × {shape.group(2)} nodes"
+                                                                 if shape else "")
+        notes += [f"{bench}: {g}" for g in goals(table_lines(path)[0])]
     if not series:
         raise BenchTableError(f"{dirname}: no benchmark output (allreduce_vs_mpi-n*.json, "
                               f"allreduce_vs_gloo-*-n*.json, latency-n*.txt, net_vs_shm-n*.txt); ./lab bench "

@@ -45,7 +45,8 @@ def _one_call(comm, seed: int, dtype: str, op: str, count: int, in_place: bool, 
     if reg_recv and not (in_place and reg_send):
         handles.append(comm.register(out))
     coll = BY_CLI["allreduce"]
-    want = coll.reference(xs, r, op, -1, **independent_config(comm, "AllReduce", count, dt))
+    registered = (reg_send and reg_recv) or (in_place and (reg_send or reg_recv))  # regBuff: both lie in one
+    want = coll.reference(xs, r, op, -1, **independent_config(comm, "AllReduce", count, dt, registered))
     # a few bytes of data can equal the poison by chance (CI once saw an int8 min of one element do so on two
     # ranks), so a payload that small is run again with the complement (no byte equals both): untouched means
     # untouched in both.  Every rank runs both calls: deciding from its own FIFOs made the ranks' call sequences
@@ -124,6 +125,35 @@ def fallbacks(args: list[str]) -> None:
                 comm.all_reduce(send, out=out)
                 assert not _fifos_untouched(comm) and np.all(out == comm.nranks)
                 comm.deregister(h1)
+    print(f"rank {comm.rank} ok", flush=True)
+
+
+def tuned(args: list[str]) -> None:
+    """No algorithm forced: the cpu tuner's registered rule.  Across nodes an AllReduce of 2 MiB or more whose
+    buffers are both registered plans Ring/Simple (the model alone: Tree/Simple) and runs the registered path
+    (no NET FIFO byte written), bitwise NCCL's ring order; below 2 MiB, or unregistered, the model's Tree/Simple.
+    The same two arrays passed again pick up a registration made, or dropped, between the calls."""
+    case = json.loads(args[0])
+    comm, seed = _communicator(case)
+    big, small = case["counts"]
+    with comm:
+        f32 = np.dtype(np.float32)
+        picks = {(c, reg): (comm.plan("AllReduce", c, f32, reg).algo, comm.plan("AllReduce", c, f32, reg).proto)
+                 for c in (big, small) for reg in (False, True)}
+        assert picks == {(big, False): ("Tree", "Simple"), (big, True): ("Ring", "Simple"),
+                         (small, False): ("Tree", "Simple"), (small, True): ("Tree", "Simple")}, picks
+        assert _one_call(comm, seed, "float32", "sum", big, False), "registered 4 MiB: NET FIFOs touched"
+        assert not _one_call(comm, seed + 1, "float32", "sum", big, False, False, False)
+        assert not _one_call(comm, seed + 2, "float32", "sum", small, False)  # Tree: FIFOs, registered or not
+        send, out = np.ones(big, np.float32), np.zeros(big, np.float32)
+        for step in ("unregistered", "registered", "deregistered"):
+            handles = [comm.register(send), comm.register(out)] if step == "registered" else []
+            _poison_fifos(comm)
+            comm.all_reduce(send, out=out)
+            assert _fifos_untouched(comm) == (step == "registered") and np.all(out == comm.nranks), \
+                f"rank {comm.rank}: the same arrays {step}: {comm._checked.launch.task.plan.algo}"
+            for h in handles:
+                comm.deregister(h)
     print(f"rank {comm.rank} ok", flush=True)
 
 

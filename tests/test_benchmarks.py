@@ -59,8 +59,11 @@ TINY = {
     "ring_vs_tree.py": ([], ["-g", "2", "--nodes", "2", "-b", "8", "-e", "8"], ROW + r"(?:[\d.]+\s+){7}\w+/\w+"),
     "soak.py": ([], ["-g", "2", "--count", "4", "--per-comm", "2", "--max-bytes", "4K", "--seed", "1"],
                 r"soak: 4 collectives on 2 ranks, 2 communicators, seed 1, \d+ s: 0 wrong, 0 hangs"),
-    "tuning_check.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "64", "-f", "8", "-n", "3", "--rounds", "1"],
-                        ROW + r"\w+/\w+\s+[\d.]+\s+(?:(?:[\d.]+|-)\s+){6}\w+/\w+\s+[\d.]+\s*$(?s:.*)"
+    # across 2 emulated nodes, registered (the one-node form is the same code less --nodes and -R)
+    "tuning_check.py": (["mpirun", "-n", "2"], ["--nodes", "2", "-R", "1", "-b", "8", "-e", "64", "-f", "8", "-n", "3",
+                                                "--rounds", "1"],
+                        r"^# AllReduce float32 sum, n=2 as 2 x 1 emulated nodes, buffers registered \(-R 1\)(?s:.*)"
+                        + ROW + r"\w+/\w+\s+[\d.]+\s+(?:(?:[\d.]+|-)\s+){6}\w+/\w+\s+[\d.]+\s*$(?s:.*)"
                         r"^# check: the pick and every forced pair bitwise .*: 0 wrong$(?s:.*)"
                         r"^# goal tuning: no forced NCCL_ALGO/NCCL_PROTO more than 20% faster than the pick: "
                         r"\d of 2 sizes flagged -> " + VERDICT),
@@ -264,6 +267,11 @@ def bench_dir(tmp_path):
         "      fastest pick/fastest\n"
         "# goal tuning at 262144 B: the pick Ring/Simple takes 80.0 us, forced Ring/LL128 50.0 us is 1.60x faster"
         " -> NOT met\n")
+    (tmp_path / "tuning_check-4x1-n4.txt").write_text(
+        "#       size         pick   pick us     Ring/LL  Ring/LL128 Ring/Simple    Tree/LL  Tree/LL128 Tree/Simple"
+        "      fastest pick/fastest\n"
+        "# goal tuning: no forced NCCL_ALGO/NCCL_PROTO more than 20% faster than the pick: 0 of 11 sizes flagged "
+        "-> met\n")
 
 
 def test_bench_table_reads_the_gloo_series_and_every_goal_line(tmp_path):
@@ -282,6 +290,7 @@ def test_bench_table_reads_the_gloo_series_and_every_goal_line(tmp_path):
             "0.78x at 16777216 B -> NOT met (at 16777216 B each rank's CPU per call") in out, out
     assert "lab user" not in out and "6000.0" not in out, out  # the CPU block is no table row and no goal
     assert "* `tuning_check.py`, n = 4: goal tuning at 262144 B: the pick Ring/Simple" in out, out
+    assert "* `tuning_check.py`, n = 4, 4 × 1 nodes: goal tuning: no forced NCCL_ALGO/NCCL_PROTO" in out, out
     assert "(issue 27)" in out and re.search(r"on .+, \d+ cores \(`nproc`\)", out), out
 
 
@@ -320,6 +329,7 @@ def test_lab_bench_runs_every_goal_of_issue_27():
                   "benchmarks/allreduce_vs_gloo.py --nodes", "benchmarks/latency.py", "benchmarks/tuning_check.py",
                   "benchmarks/bench_curves.py", "scripts/bench_table.py", "'.[bench]'", "--json)"):
         assert piece in bench, piece
-    assert sum(line.count('"${args[@]}"') for line in bench.splitlines() if "mpirun" in line) == 3
+    assert sum(line.count('"${args[@]}"') for line in bench.splitlines() if "mpirun" in line) == 4
+    assert "tuning_check.py --nodes 4 -R 1" in bench  # the tuning check across nodes, registered as the Gloo runs
     setup = lab[lab.index("\nsetup()"):lab.index("\n}\n", lab.index("\nsetup()"))]
     assert ".[bench]" not in setup  # ./lab main and ./lab test need no more than before

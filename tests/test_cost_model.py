@@ -147,6 +147,26 @@ def test_the_cpu_tuner_prefers_tree_simple_for_small_allreduces_with_more_ranks_
         ("Ring", "Simple")                                       # NCCL_TUNER_PLUGIN=none
 
 
+def test_the_cpu_tuner_prefers_ring_simple_for_registered_allreduces_across_nodes():
+    """``cpu_tuner``'s second rule, on ``getCollInfo``'s ``regBuff``: across nodes, an AllReduce of 2 MiB or more
+    whose send and receive buffers are registered -> Ring/Simple (only its NET steps skip the FIFOs, as NCCL
+    registers NET buffers for the ring alone); unregistered, on one node, below 2 MiB, for other functions and
+    where NCCL_ALGO leaves no ring, the model's own choice (Tree/Simple up to 8 MiB at 4 x 1)."""
+    for nodes in (4, 2):
+        m = CostModel(cpu_lab(4, nodes, oversubscribed=True))
+        assert [m.choose("AllReduce", s, reg_buff=True)[:2] for s in (1 << 20, (2 << 20) - 1, 2 << 20, 8 << 20)] \
+            == [("Tree", "Simple"), ("Tree", "Simple"), ("Ring", "Simple"), ("Ring", "Simple")], nodes
+        assert m.choose("AllReduce", 4 << 20, reg_buff=True)[2] == 0.0
+        assert m.choose("AllReduce", 4 << 20)[:2] == ("Tree", "Simple")  # the same call, unregistered
+    one = CostModel(cpu_lab(4))
+    assert one.choose("AllReduce", 4 << 20, reg_buff=True) == one.choose("AllReduce", 4 << 20)  # no NET step
+    m = CostModel(cpu_lab(4, 4))
+    assert m.choose("AllGather", 4 << 20, reg_buff=True)[2] != 0.0
+    assert CostModel(cpu_lab(4, 4), algo_env="Tree").choose("AllReduce", 4 << 20, reg_buff=True)[:2] == \
+        ("Tree", "Simple")
+    assert "registered" in m.m.tuner.describe() and "registered" not in one.m.tuner.describe()
+
+
 def test_tuner_plugin_none_turns_the_cpu_tuner_off(monkeypatch):
     from collectives.graph.cpu_tuner import tuner_plugin
     monkeypatch.delenv("NCCL_TUNER_PLUGIN", raising=False)

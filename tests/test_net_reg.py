@@ -97,6 +97,12 @@ def test_where_nccl_would_not_use_the_registration_the_fifos_carry_it():
     assert "NCCL INFO register comm" in log and "NET register userbuff" in log, log[-3000:]
 
 
+def test_the_tuner_takes_ring_for_registered_buffers_across_nodes():
+    proc = run_ranks(4, "tuned", _case(4, counts=[(4 << 20) // 4 + 7, 65_537]), nodes=4, script="net_reg_workers.py",
+                     timeout=300)
+    assert _oks(proc) == 4, proc.stdout
+
+
 def test_ib_deregister_releases_the_memory_regions():
     proc = run_ranks(2, "ib_deregister", _case(2, counts=[65_537]), nodes=2, script="net_reg_workers.py",
                      env={"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_BUFFSIZE": "65536", **IB})

@@ -82,16 +82,17 @@ def check_all(comm, seed: int, dtype: str, count: int, colls: list[str], op: str
 ALL = ["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]
 
 
-def independent_config(comm, func: str, count: int, dt) -> dict:
+def independent_config(comm, func: str, count: int, dt, registered: bool = False) -> dict:
     """The reference's configuration, from the environment and NCCL's rules as ``reference`` writes them again:
     channels, rings, thread count (so the channel shrink) and a forced protocol or algorithm.  Only the cost
-    model's automatic choice and the trees are taken from the communicator (tested on their own elsewhere)."""
+    model's automatic choice (for buffers ``registered`` or not: the tuner plugin is told) and the trees are taken
+    from the communicator (tested on their own elsewhere)."""
     if not hasattr(comm, "_test_hosts"):  # every rank's NCCL_HOSTID: which ranks share a node
         comm._test_hosts = hostids(comm)
     given = getattr(comm, "_test_rings", None)
     search = getattr(comm, "_test_search_channels", None) or max(1, len(given or []))
     own = reference.config_from_env(comm.nranks, search, given, comm._test_hosts)
-    chosen = comm.reference_config(func, count, dt)
+    chosen = comm.reference_config(func, count, dt, registered)
     for key in ("proto", "algo"):
         if own[key] is not None and (key == "proto" or func == "AllReduce"):
             assert chosen[key] == own[key], (func, count, key, chosen[key], own[key])

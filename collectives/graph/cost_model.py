@@ -282,14 +282,16 @@ class CostModel:
         return {(ALGOS[a], PROTOS[p]): self.time(func, a, p, nbytes, num_pipe_ops) for a in (TREE, RING)
                 for p in range(3)}
 
-    def choose(self, func: str, nbytes: int, num_pipe_ops: int = 1) -> tuple[str, str, float]:
+    def choose(self, func: str, nbytes: int, num_pipe_ops: int = 1, reg_buff: bool = False
+               ) -> tuple[str, str, float]:
         """``topoGetAlgoInfo``: the strictly smallest non-negative time, ties to the lower (algo, proto) ids; a
-        tuner plugin's ``getCollInfo`` edits the table first (``ncclGetAlgoInfo``)."""
+        tuner plugin's ``getCollInfo`` edits the table first (``ncclGetAlgoInfo``), told ``regBuff``: whether
+        the call's send and receive buffers are both registered."""
         if self.m.n_ranks == 1:
             return "Ring", "Simple", 0.0
         table = self.table(func, nbytes, num_pipe_ops)
         if self.m.tuner is not None:
-            self.m.tuner.get_coll_info(func, nbytes, table)
+            self.m.tuner.get_coll_info(func, nbytes, table, reg_buff)
         best, best_t = None, float("inf")
         for (algo, proto), t in table.items():
             if 0.0 <= t < best_t:

@@ -11,6 +11,15 @@ ranks (1.1-1.7x), Ring/LL ahead below 512 B at 8 ranks, Ring/Simple and Tree/Sim
 configuration line of NCCL's example tuner: AllReduce, one node, oversubscribed, ``TREE_SIMPLE_FROM`` to
 ``TREE_SIMPLE_TO`` bytes -> Tree/Simple.  NCCL's own formula cannot say this: its latency is a depth (base + steps x
 per-step latency) and Tree and Ring have the same number of steps on one node.
+
+Its second rule reads ``getCollInfo``'s ``regBuff`` (``ncclGetAlgoInfo`` sets it when both the send and the receive
+buffer are registered, ``ncclRegFind``).  Across nodes a registered Ring/Simple AllReduce sends from and receives into
+the user's buffers (``register.py``), where Tree copies every NET step into and out of the FIFOs (NCCL registers NET
+buffers for the ring only: ``ncclRegisterCollBuffers``' Tree branch covers P2P and CollNet).  The cost table cannot
+see that.  Measured at 4 ranks (4 x 1 and 2 x 2 emulated nodes, forced Ring/Simple against Tree/Simple in the same
+processes, 3 alternating rounds, 2026-12-07): Tree ahead up to 1 MiB (0.71x and 0.92x Ring's time), even at 2 MiB
+(1.02x, 1.20x), behind from 4 MiB (1.21-1.69x), where the model still picks it up to 8 MiB.  So: AllReduce, several
+nodes, buffers registered, from ``RING_REGISTERED_FROM`` bytes -> Ring/Simple.
 """
 from __future__ import annotations
 
@@ -18,6 +27,7 @@ from collectives.misc.param import env_str
 from tracing import debug
 
 TREE_SIMPLE_FROM, TREE_SIMPLE_TO = 512, 64 << 10
+RING_REGISTERED_FROM = 2 << 20
 
 
 def tuner_plugin() -> bool:
@@ -36,21 +46,32 @@ class CpuTuner:
 
     def __init__(self, nnodes: int = 1, oversubscribed: bool = False):
         """``oversubscribed``: more ranks on this machine than cores (the communicator's count, emulated nodes
-        included); the rule is for one node only, since across nodes the NET steps dominate (the preset's NET
-        row)."""
+        included); that rule is for one node only, since across nodes the NET steps dominate (the preset's NET
+        row); the registered rule is for several nodes only (registration changes NET steps alone)."""
         self.active = nnodes == 1 and oversubscribed
+        self.across = nnodes > 1
 
-    def get_coll_info(self, func: str, nbytes: int, table: dict) -> tuple | None:
-        """``getCollInfo``: prefer Tree/Simple where the rule applies and the table has it (NCCL_ALGO and
-        NCCL_PROTO still decide: a disabled entry stays -1).  Returns the (algorithm, protocol) it set, or None."""
-        if (self.active and func == "AllReduce" and TREE_SIMPLE_FROM <= nbytes <= TREE_SIMPLE_TO
-                and table.get(("Tree", "Simple"), -1.0) >= 0):
-            table[("Tree", "Simple")] = 0.0
-            return ("Tree", "Simple")
-        return None
+    def get_coll_info(self, func: str, nbytes: int, table: dict, reg_buff: bool = False) -> tuple | None:
+        """``getCollInfo``: prefer Tree/Simple or Ring/Simple where a rule applies and the table has it (NCCL_ALGO
+        and NCCL_PROTO still decide: a disabled entry stays -1).  ``reg_buff``: NCCL's ``regBuff``, both buffers
+        registered.  Returns the (algorithm, protocol) it set, or None."""
+        if func != "AllReduce":
+            return None
+        if self.active and TREE_SIMPLE_FROM <= nbytes <= TREE_SIMPLE_TO:
+            pick = ("Tree", "Simple")
+        elif self.across and reg_buff and nbytes >= RING_REGISTERED_FROM:
+            pick = ("Ring", "Simple")
+        else:
+            return None
+        if table.get(pick, -1.0) < 0:
+            return None
+        table[pick] = 0.0
+        return pick
 
     def describe(self) -> str:
-        """The INFO line NCCL's plugins print when they load, with the rule in force."""
+        """The INFO line NCCL's plugins print when they load, with the rules in force."""
         rule = (f"AllReduce of {TREE_SIMPLE_FROM} B to {TREE_SIMPLE_TO >> 10} KiB -> Tree/Simple (more ranks than "
-                f"cores on one node)") if self.active else "the cpu preset's constants only"
+                f"cores on one node)") if self.active else \
+            (f"AllReduce from {RING_REGISTERED_FROM >> 20} MiB with registered buffers -> Ring/Simple (across "
+             f"nodes)") if self.across else "the cpu preset's constants only"
         return f"TUNER/Plugin: Using {self.name}: {rule}"
