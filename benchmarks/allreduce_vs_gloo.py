@@ -182,7 +182,7 @@ def main() -> int:
                 for point, side in ((lab, "lab"), (gloo, "gloo")):
                     point["cpu_user_us"], point["cpu_sys_us"] = (v * 1e6 for v in cpu[side])
                 bl, bg = lab["busbw"], gloo["busbw"]
-                plan = comm.plan("AllReduce", x.size, x.dtype)
+                plan = comm.plan("AllReduce", x.size, x.dtype, bool(a.local_register))  # what the call ran
                 tcp = f"{'-':>10} {'-':>10}"
                 if "tcp" in t:
                     floor = allreduce_point(x.nbytes, t["tcp"], n)
