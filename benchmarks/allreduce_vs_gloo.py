@@ -163,6 +163,7 @@ def main() -> int:
             out = np.empty_like(x)
             zeros = torch.zeros(x.size, dtype=torch.float32)
             handles = [comm.register(x), comm.register(out)] if a.local_register else []
+            registered = comm.registered(x, out)  # what took effect (the column below says what the call ran)
             calls = {"lab": lambda: comm.all_reduce(x, out=out), "gloo": lambda: dist.all_reduce(zeros)}
             if ring is not None:
                 moved = ring.ring_allreduce_bytes(x.nbytes)
@@ -182,7 +183,7 @@ def main() -> int:
                 for point, side in ((lab, "lab"), (gloo, "gloo")):
                     point["cpu_user_us"], point["cpu_sys_us"] = (v * 1e6 for v in cpu[side])
                 bl, bg = lab["busbw"], gloo["busbw"]
-                plan = comm.plan("AllReduce", x.size, x.dtype, bool(a.local_register))  # what the call ran
+                plan = comm.plan("AllReduce", x.size, x.dtype, registered)
                 tcp = f"{'-':>10} {'-':>10}"
                 if "tcp" in t:
                     floor = allreduce_point(x.nbytes, t["tcp"], n)

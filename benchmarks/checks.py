@@ -29,10 +29,11 @@ def lab_wrong(comm, world, size: int, seed: int, register: bool = False) -> int:
     out = np.empty_like(x)
     _poison(out)
     handles = [comm.register(x), comm.register(out)] if register else []
+    registered = comm.registered(x, out)  # what took effect (none with NCCL_LOCAL_REGISTER=0): the plan follows it
     comm.all_reduce(x, out=out)
     for h in handles:
         comm.deregister(h)
-    want = reference.all_reduce(inputs, "sum", **comm.reference_config("AllReduce", x.size, x.dtype, register))
+    want = reference.all_reduce(inputs, "sum", **comm.reference_config("AllReduce", x.size, x.dtype, registered))
     return world.allreduce(count_wrong(out, want))
 
 

@@ -50,28 +50,29 @@ def main() -> int:
     os.environ["NCCL_HOSTID"] = node_hostid(world.rank, world.size, a.nodes)
     reg = bool(a.local_register)
 
-    def communicator(**kw):
+    def communicator(**kw) -> collectives.Communicator:
         uid = world.bcast(collectives.get_unique_id().to_bytes() if world.rank == 0 else None)
         return collectives.Communicator(uid, world.size, world.rank, **kw)
     model = communicator()
     forced = {f"{al}/{pr}": communicator(algorithms=al, protocols=pr) for al, pr in FORCED}
     if world.rank == 0:
         shape = f" as {a.nodes} x {world.size // a.nodes} emulated nodes" if a.nodes > 1 else ""
-        print(f"# AllReduce float32 sum, n={world.size}{shape}, buffers {'registered (-R 1)' if reg else 'not registered'}"
-              f", us per call: the cost model's pick against each forced NCCL_ALGO/NCCL_PROTO ('-': the plan is not "
-              f"the forced pair there)")
+        bufs = "registered (-R 1)" if reg else "not registered"
+        print(f"# AllReduce float32 sum, n={world.size}{shape}, buffers {bufs}, us per call: the cost model's pick "
+              f"against each forced NCCL_ALGO/NCCL_PROTO ('-': the plan is not the forced pair there)")
         print(f"# {'size':>10} {'pick':>12} {'pick us':>9} " + " ".join(f"{k:>11}" for k in forced)
               + f" {'fastest':>12} {'pick/fastest':>12}")
     wrong, flagged, checked = 0, [], 0
     for size in sizes(a):
         x = np.random.default_rng(world.rank).uniform(-1, 1, max(1, size // 4)).astype(np.float32)
         out = np.empty_like(x)
-        plan = model.plan("AllReduce", x.size, x.dtype, reg)
-        pick = f"{plan.algo}/{plan.proto}"
-        live = {k: c for k, c in forced.items()
-                if "/".join((c.plan("AllReduce", x.size, x.dtype, reg).algo,
-                             c.plan("AllReduce", x.size, x.dtype, reg).proto)) == k}
-        handles = [(c, c.register(b)) for c in [model, *live.values()] for b in (x, out)] if reg else []
+        handles = [(c, c.register(b)) for c in [model, *forced.values()] for b in (x, out)] if reg else []
+
+        def pair(c: collectives.Communicator) -> str:  # as the call will plan it: registered if that took effect
+            p = c.plan("AllReduce", x.size, x.dtype, c.registered(x, out))
+            return f"{p.algo}/{p.proto}"
+        pick = pair(model)
+        live = {k: c for k, c in forced.items() if pair(c) == k}
         calls = {"pick": lambda: model.all_reduce(x, out=out)}
         calls.update({k: (lambda c=c: c.all_reduce(x, out=out)) for k, c in live.items()})
         t = timed_rounds(calls, iters_for(size, 100, a.iters), world, a.rounds, warmup=a.warmup_iters)

@@ -271,8 +271,11 @@ class Communicator(GatherScatter):
 
     def _prepare(self, func: str, send: np.ndarray, recv: np.ndarray, count: int, op: str, root: int) -> Launch:
         """What a call resolves to from its arguments alone: its ``Task`` (built on first use, kept by function,
-        count, type, op and root), whether it is in place, and its compiled form."""
-        registered = bool(self._registry.regs) and self._registry.both(send, recv)  # ncclGetAlgoInfo's regBuff
+        count, type, op, root and whether its buffers are registered), whether it is in place, and its compiled
+        form."""
+        # ncclGetAlgoInfo asks for regBuff only when a tuner plugin is loaded; a call on registered buffers gets a
+        # Task of its own (for most functions the same plan: only the tuner's rule can tell them apart)
+        registered = self.machine.tuner is not None and self.registered(send, recv)
         key = (func, count, send.dtype, op, root, registered)
         task = self._tasks.get(key)
         if task is None:
@@ -330,6 +333,12 @@ class Communicator(GatherScatter):
         self._check()
         self._checked = None
         self._registry.deregister(handle)
+
+    def registered(self, send: np.ndarray, recv: np.ndarray) -> bool:
+        """``ncclGetAlgoInfo``'s ``regBuff``: both buffers lie in this communicator's registrations (False when
+        nothing registered: ``NCCL_LOCAL_REGISTER=0`` returns no handle).  What the tuner plugin is told, and so
+        what ``plan`` and ``reference_config`` need to describe such a call."""
+        return bool(self._registry.regs) and self._registry.both(send, recv)
 
     # ------------------------------------------------------------------ point-to-point
     def _enqueue_p2p(self, is_send: bool, buff: np.ndarray, peer: int) -> None:

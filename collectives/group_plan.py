@@ -9,8 +9,9 @@ p2p works (``p2p.P2p.prepare``).  Each channel runs its collectives' parts, then
 (``device.common.run_in_order``); all channels in one ``Kernel.run``; the proxy gets every op first.
 Where we differ on purpose: a plan never fills up (NCCL starts another plan when the work FIFO budget is
 spent), the LL compiled path is not used for grouped collectives, several Broadcasts with different roots are
-scheduled as collectives (NCCL 2.30 turns them into its allgatherv path), and the status page publishes the
-plan's first collective (with the group's summed count) for the peers' signature checks.
+scheduled as collectives (NCCL 2.30 turns them into its allgatherv path), the status page publishes the
+plan's first collective (with the group's summed count) for the peers' signature checks, and the tuner plugin is
+told ``regBuff`` = 0 (NCCL looks up the aggregated task's buffers; a group here never uses registered buffers).
 """
 from __future__ import annotations
 

@@ -45,7 +45,7 @@ def _one_call(comm, seed: int, dtype: str, op: str, count: int, in_place: bool, 
     if reg_recv and not (in_place and reg_send):
         handles.append(comm.register(out))
     coll = BY_CLI["allreduce"]
-    registered = (reg_send and reg_recv) or (in_place and (reg_send or reg_recv))  # regBuff: both lie in one
+    registered = comm.registered(send, out)  # regBuff, which the tuner plugin is told: the plan follows it
     want = coll.reference(xs, r, op, -1, **independent_config(comm, "AllReduce", count, dt, registered))
     # a few bytes of data can equal the poison by chance (CI once saw an int8 min of one element do so on two
     # ranks), so a payload that small is run again with the complement (no byte equals both): untouched means
@@ -131,8 +131,9 @@ def fallbacks(args: list[str]) -> None:
 def tuned(args: list[str]) -> None:
     """No algorithm forced: the cpu tuner's registered rule.  Across nodes an AllReduce of 2 MiB or more whose
     buffers are both registered plans Ring/Simple (the model alone: Tree/Simple) and runs the registered path
-    (no NET FIFO byte written), bitwise NCCL's ring order; below 2 MiB, or unregistered, the model's Tree/Simple.
-    The same two arrays passed again pick up a registration made, or dropped, between the calls."""
+    (no NET FIFO byte written), bitwise NCCL's ring order; in place it still plans Ring (NCCL's regBuff), through
+    the FIFOs; below 2 MiB, or unregistered, the model's Tree/Simple.  The same two arrays passed again pick up a
+    registration made, or dropped, between the calls."""
     case = json.loads(args[0])
     comm, seed = _communicator(case)
     big, small = case["counts"]
@@ -145,13 +146,17 @@ def tuned(args: list[str]) -> None:
         assert _one_call(comm, seed, "float32", "sum", big, False), "registered 4 MiB: NET FIFOs touched"
         assert not _one_call(comm, seed + 1, "float32", "sum", big, False, False, False)
         assert not _one_call(comm, seed + 2, "float32", "sum", small, False)  # Tree: FIFOs, registered or not
+        assert not _one_call(comm, seed + 3, "float32", "sum", big, True)  # in place: Ring, through the FIFOs
         send, out = np.ones(big, np.float32), np.zeros(big, np.float32)
         for step in ("unregistered", "registered", "deregistered"):
             handles = [comm.register(send), comm.register(out)] if step == "registered" else []
             _poison_fifos(comm)
             comm.all_reduce(send, out=out)
+            ran = comm._checked.launch.task.plan.algo  # the launch api.all_reduce keeps for the same arrays
+            assert ran == ("Ring" if step == "registered" else "Tree"), \
+                f"rank {comm.rank}: the same arrays {step}: {ran}"
             assert _fifos_untouched(comm) == (step == "registered") and np.all(out == comm.nranks), \
-                f"rank {comm.rank}: the same arrays {step}: {comm._checked.launch.task.plan.algo}"
+                f"rank {comm.rank}: the same arrays {step}: NET FIFOs {'un' if _fifos_untouched(comm) else ''}touched"
             for h in handles:
                 comm.deregister(h)
     print(f"rank {comm.rank} ok", flush=True)

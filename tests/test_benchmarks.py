@@ -59,7 +59,8 @@ TINY = {
     "ring_vs_tree.py": ([], ["-g", "2", "--nodes", "2", "-b", "8", "-e", "8"], ROW + r"(?:[\d.]+\s+){7}\w+/\w+"),
     "soak.py": ([], ["-g", "2", "--count", "4", "--per-comm", "2", "--max-bytes", "4K", "--seed", "1"],
                 r"soak: 4 collectives on 2 ranks, 2 communicators, seed 1, \d+ s: 0 wrong, 0 hangs"),
-    # across 2 emulated nodes, registered (the one-node form is the same code less --nodes and -R)
+    # across 2 emulated nodes, registered (the one-node form is the same code less --nodes and -R); up to 64 B the
+    # tuner's registered rule does not fire: this checks the flags and the output, test_net_reg the rule
     "tuning_check.py": (["mpirun", "-n", "2"], ["--nodes", "2", "-R", "1", "-b", "8", "-e", "64", "-f", "8", "-n", "3",
                                                 "--rounds", "1"],
                         r"^# AllReduce float32 sum, n=2 as 2 x 1 emulated nodes, buffers registered \(-R 1\)(?s:.*)"

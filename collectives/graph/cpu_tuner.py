@@ -2,7 +2,7 @@
 ``plugins/tuner/example/plugin.c`` applies its configuration: the cost of the configured algorithm and protocol set
 to 0.0 in the cost table NCCL computed, where the table has that entry).
 
-Its constants are the cpu preset's (``presets.CPU_CONSTANTS``, measured with one rank per core); its one rule is
+Its constants are the cpu preset's (``presets.CPU_CONSTANTS``, measured with one rank per core); its first rule is
 for more ranks than cores on one node.  There every rank shares a core, so the time of a small AllReduce is the
 work of all ranks together, not the depth of the algorithm: a ring runs 2(n-1) primitives on every rank, the tree
 (a chain on one node) runs two, one each way.  Measured with ``benchmarks/tuning_check.py`` on this 2-core machine
@@ -12,14 +12,18 @@ configuration line of NCCL's example tuner: AllReduce, one node, oversubscribed,
 ``TREE_SIMPLE_TO`` bytes -> Tree/Simple.  NCCL's own formula cannot say this: its latency is a depth (base + steps x
 per-step latency) and Tree and Ring have the same number of steps on one node.
 
-Its second rule reads ``getCollInfo``'s ``regBuff`` (``ncclGetAlgoInfo`` sets it when both the send and the receive
-buffer are registered, ``ncclRegFind``).  Across nodes a registered Ring/Simple AllReduce sends from and receives into
-the user's buffers (``register.py``), where Tree copies every NET step into and out of the FIFOs (NCCL registers NET
-buffers for the ring only: ``ncclRegisterCollBuffers``' Tree branch covers P2P and CollNet).  The cost table cannot
-see that.  Measured at 4 ranks (4 x 1 and 2 x 2 emulated nodes, forced Ring/Simple against Tree/Simple in the same
-processes, 3 alternating rounds, 2026-12-07): Tree ahead up to 1 MiB (0.71x and 0.92x Ring's time), even at 2 MiB
-(1.02x, 1.20x), behind from 4 MiB (1.21-1.69x), where the model still picks it up to 8 MiB.  So: AllReduce, several
-nodes, buffers registered, from ``RING_REGISTERED_FROM`` bytes -> Ring/Simple.
+Its second rule reads ``getCollInfo``'s ``regBuff``, which ``ncclGetAlgoInfo`` (``src/enqueue.cc``) sets when both the
+send and the receive buffer are registered and valid (``ncclRegFind``, ``ncclRegLocalIsValid``; NCCL also sets it while
+a CUDA graph is captured with ``NCCL_GRAPH_REGISTER``, which the lab has no counterpart of).  Across nodes a registered
+Ring/Simple AllReduce sends from and receives into the user's buffers (``register.py``), where Tree copies every NET
+step into and out of the FIFOs (NCCL registers NET buffers for the ring only: ``src/register/coll_reg.cc``'s Tree
+branch covers P2P and CollNet).  The cost table cannot see that.  Measured at 4 ranks (4 x 1 and 2 x 2 emulated nodes,
+forced Ring/Simple against Tree/Simple in the same processes, 3 alternating rounds, 2026-12-07, docs/measured.md):
+Tree ahead up to 1 MiB (0.71x and 0.92x Ring's time), level at 2 MiB at 4 x 1 (1.02x) and behind at 2 x 2 (1.20x),
+behind from 4 MiB (1.21-1.69x), where the model still picks it up to 8 MiB.  So: AllReduce, several nodes, buffers
+registered, from ``RING_REGISTERED_FROM`` bytes -> Ring/Simple.  Like NCCL's ``regBuff``, the rule does not know
+that an in-place or avg call will not use the registration (``ring_net`` declines those, as ``coll_reg.cc`` does):
+such a call runs Ring through the FIFOs, measured within 15% of Tree from 2 MiB.
 """
 from __future__ import annotations
 
@@ -69,9 +73,13 @@ class CpuTuner:
         return pick
 
     def describe(self) -> str:
-        """The INFO line NCCL's plugins print when they load, with the rules in force."""
-        rule = (f"AllReduce of {TREE_SIMPLE_FROM} B to {TREE_SIMPLE_TO >> 10} KiB -> Tree/Simple (more ranks than "
-                f"cores on one node)") if self.active else \
-            (f"AllReduce from {RING_REGISTERED_FROM >> 20} MiB with registered buffers -> Ring/Simple (across "
-             f"nodes)") if self.across else "the cpu preset's constants only"
+        """The INFO line NCCL's plugins print when they load, with the rule in force."""
+        if self.active:
+            rule = (f"AllReduce of {TREE_SIMPLE_FROM} B to {TREE_SIMPLE_TO >> 10} KiB -> Tree/Simple (more ranks than "
+                    f"cores on one node)")
+        elif self.across:
+            rule = (f"AllReduce from {RING_REGISTERED_FROM >> 20} MiB with registered buffers -> Ring/Simple (across "
+                    f"nodes)")
+        else:
+            rule = "the cpu preset's constants only"
         return f"TUNER/Plugin: Using {self.name}: {rule}"
