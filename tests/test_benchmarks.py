@@ -330,7 +330,8 @@ def test_lab_bench_runs_every_goal_of_issue_27():
                   "benchmarks/allreduce_vs_gloo.py --nodes", "benchmarks/latency.py", "benchmarks/tuning_check.py",
                   "benchmarks/bench_curves.py", "scripts/bench_table.py", "'.[bench]'", "--json)"):
         assert piece in bench, piece
-    assert sum(line.count('"${args[@]}"') for line in bench.splitlines() if "mpirun" in line) == 4
+    assert sum(line.count('"${args[@]}"') for line in bench.splitlines() if "mpirun" in line) == 5
     assert "tuning_check.py --nodes 4 -R 1" in bench  # the tuning check across nodes, registered as the Gloo runs
+    assert "tuning_check.py --nodes 2 -b" in bench    # and 2 x 2 unregistered
     setup = lab[lab.index("\nsetup()"):lab.index("\n}\n", lab.index("\nsetup()"))]
     assert ".[bench]" not in setup  # ./lab main and ./lab test need no more than before

@@ -150,14 +150,18 @@ def test_the_cpu_tuner_prefers_tree_simple_for_small_allreduces_with_more_ranks_
 def test_the_cpu_tuner_prefers_ring_simple_for_registered_allreduces_across_nodes():
     """``cpu_tuner``'s second rule, on ``getCollInfo``'s ``regBuff``: across nodes, an AllReduce of 2 MiB or more
     whose send and receive buffers are registered -> Ring/Simple (only its NET steps skip the FIFOs, as NCCL
-    registers NET buffers for the ring alone); unregistered, on one node, below 2 MiB, for other functions and
-    where NCCL_ALGO leaves no ring, the model's own choice (Tree/Simple up to 8 MiB at 4 x 1)."""
+    registers NET buffers for the ring alone), and with several ranks a node also unregistered; at one rank a node
+    unregistered, on one node, below 2 MiB, for other functions and where NCCL_ALGO leaves no ring, the model's own
+    choice (Tree/Simple up to 8 MiB at 4 x 1 and 2 x 2)."""
     for nodes in (4, 2):
         m = CostModel(cpu_lab(4, nodes, oversubscribed=True))
-        assert [m.choose("AllReduce", s, reg_buff=True)[:2] for s in (1 << 20, (2 << 20) - 1, 2 << 20, 8 << 20)] \
-            == [("Tree", "Simple"), ("Tree", "Simple"), ("Ring", "Simple"), ("Ring", "Simple")], nodes
+        for reg in (True, False):
+            ring = reg or nodes == 2
+            assert [m.choose("AllReduce", s, reg_buff=reg)[:2] for s in (1 << 20, (2 << 20) - 1, 2 << 20, 8 << 20)] \
+                == [("Tree", "Simple")] * 2 + [("Ring" if ring else "Tree", "Simple")] * 2, (nodes, reg)
         assert m.choose("AllReduce", 4 << 20, reg_buff=True)[2] == 0.0
-        assert m.choose("AllReduce", 4 << 20)[:2] == ("Tree", "Simple")  # the same call, unregistered
+        alone = CostModel(cpu_lab(4, nodes, oversubscribed=True, tuner=False))  # NCCL_TUNER_PLUGIN=none
+        assert alone.choose("AllReduce", 4 << 20, reg_buff=True)[:2] == ("Tree", "Simple")
     one = CostModel(cpu_lab(4))
     assert one.choose("AllReduce", 4 << 20, reg_buff=True) == one.choose("AllReduce", 4 << 20)  # no NET step
     m = CostModel(cpu_lab(4, 4))
@@ -165,6 +169,7 @@ def test_the_cpu_tuner_prefers_ring_simple_for_registered_allreduces_across_node
     assert CostModel(cpu_lab(4, 4), algo_env="Tree").choose("AllReduce", 4 << 20, reg_buff=True)[:2] == \
         ("Tree", "Simple")
     assert "registered" in m.m.tuner.describe() and "registered" not in one.m.tuner.describe()
+    assert "across nodes of several ranks" in CostModel(cpu_lab(4, 2)).m.tuner.describe()
 
 
 def test_tuner_plugin_none_turns_the_cpu_tuner_off(monkeypatch):

@@ -23,7 +23,14 @@ Tree ahead up to 1 MiB (0.71x and 0.92x Ring's time), level at 2 MiB at 4 x 1 (1
 behind from 4 MiB (1.21-1.69x), where the model still picks it up to 8 MiB.  So: AllReduce, several nodes, buffers
 registered, from ``RING_REGISTERED_FROM`` bytes -> Ring/Simple.  Like NCCL's ``regBuff``, the rule does not know
 that an in-place or avg call will not use the registration (``ring_net`` declines those, as ``coll_reg.cc`` does):
-such a call runs Ring through the FIFOs, measured within 15% of Tree from 2 MiB.
+such a call runs Ring through the FIFOs, measured within 15% of Tree from 2 MiB at 4 x 1.
+
+With several ranks a node (2 x 2: SHM inside, NET between) the same holds unregistered: ``tuning_check.py --nodes 2``
+measured forced Ring/Simple 1.28x and 1.42x faster than the model's Tree/Simple at 2 and 4 MiB (3 rounds,
+2026-12-07), and 1.29-1.45x from 2 to 8 MiB in another run, even at 16 MiB; the preset's NET row charges a ring
+step between nodes 860 us where a node has several ranks (``hw_latencies[NET][RING]``), which moves the model's
+crossover to 8 MiB.  So the rule also applies there without registration; at one rank a node (4 x 1, where the
+ring's NET steps are charged the tree's 360 us) the unregistered picks were within 15% and stay the model's.
 """
 from __future__ import annotations
 
@@ -48,12 +55,13 @@ class CpuTuner:
     ``get_coll_info``."""
     name = "cpu-lab"
 
-    def __init__(self, nnodes: int = 1, oversubscribed: bool = False):
+    def __init__(self, nnodes: int = 1, oversubscribed: bool = False, ranks_per_node: float = 1.0):
         """``oversubscribed``: more ranks on this machine than cores (the communicator's count, emulated nodes
         included); that rule is for one node only, since across nodes the NET steps dominate (the preset's NET
-        row); the registered rule is for several nodes only (registration changes NET steps alone)."""
+        row); the ring rule is for several nodes only, registered or with several ranks a node."""
         self.active = nnodes == 1 and oversubscribed
         self.across = nnodes > 1
+        self.shared_nodes = nnodes > 1 and ranks_per_node > 1
 
     def get_coll_info(self, func: str, nbytes: int, table: dict, reg_buff: bool = False) -> tuple | None:
         """``getCollInfo``: prefer Tree/Simple or Ring/Simple where a rule applies and the table has it (NCCL_ALGO
@@ -63,7 +71,7 @@ class CpuTuner:
             return None
         if self.active and TREE_SIMPLE_FROM <= nbytes <= TREE_SIMPLE_TO:
             pick = ("Tree", "Simple")
-        elif self.across and reg_buff and nbytes >= RING_REGISTERED_FROM:
+        elif self.across and (reg_buff or self.shared_nodes) and nbytes >= RING_REGISTERED_FROM:
             pick = ("Ring", "Simple")
         else:
             return None
@@ -77,6 +85,8 @@ class CpuTuner:
         if self.active:
             rule = (f"AllReduce of {TREE_SIMPLE_FROM} B to {TREE_SIMPLE_TO >> 10} KiB -> Tree/Simple (more ranks than "
                     f"cores on one node)")
+        elif self.shared_nodes:
+            rule = f"AllReduce from {RING_REGISTERED_FROM >> 20} MiB -> Ring/Simple (across nodes of several ranks)"
         elif self.across:
             rule = (f"AllReduce from {RING_REGISTERED_FROM >> 20} MiB with registered buffers -> Ring/Simple (across "
                     f"nodes)")

@@ -105,7 +105,7 @@ def cpu_lab(nranks: int, nodes: int = 1, nchannels: int = 1, comm_channels: int 
     return Machine(f"cpu-lab n={nranks}", nodes, max(1, nranks // max(1, nodes)), 0, ring=g, tree=g,
                    cpu_vendor="amd", comm_channels=comm_channels or min(64, 2 * nchannels),
                    algorithms=("Tree", "Ring"), constants=CPU_CONSTANTS, sources={"constants": SOURCES["cpu-lab"]},
-                   tuner=CpuTuner(nodes, oversubscribed) if tuner else None)
+                   tuner=CpuTuner(nodes, oversubscribed, nranks / max(1, nodes)) if tuner else None)
 
 
 PRESETS = {"dgx-a100": dgx_a100, "dgx-h100": dgx_h100, "pcie": pcie_box, "cpu": cpu_lab}
