@@ -240,11 +240,14 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
     LL/LL128 600, Simple 360, Ring LL/LL128 1155, Simple 860 us).  NCCL's default tables restated: llMaxBws, perChMaxTreeBws, perChMaxRing/TreeLL128Bws.  Only the
     tree correction factors are taken from the cost model (a table of NCCL constants, tested on its own).  The lab's
     tuner plugin, written again: with more ranks than cores on one node, an AllReduce of 512 B to 64 KiB takes
-    Tree/Simple when NCCL_PROTO allows Simple (its cost set to 0, as NCCL's example tuner does)."""
+    Tree/Simple, and across nodes of several ranks (buffers unregistered here) an AllReduce of 2 MiB or more takes
+    Ring/Simple, when NCCL_PROTO allows Simple (its cost set to 0, as NCCL's example tuner does)."""
     from collectives.graph.cost_model import TREE_CORRECTION
-    if oversubscribed and nodes == 1 and func == "AllReduce" and 512 <= nbytes <= 65536 and \
-            (protos is None or "Simple" in protos):
+    simple = protos is None or "Simple" in protos
+    if oversubscribed and nodes == 1 and func == "AllReduce" and 512 <= nbytes <= 65536 and simple:
         return ("Tree", "Simple")
+    if 1 < nodes < n and func == "AllReduce" and nbytes >= 2 << 20 and simple:
+        return ("Ring", "Simple")
     f = np.float32
     nsteps = {"AllReduce": 2 * (n - 1), "AllGather": n - 1, "ReduceScatter": n - 1}.get(func, n)
     i2 = min(nodes - 1, 2)
