@@ -338,7 +338,7 @@ class Communicator(GatherScatter):
         """``ncclGetAlgoInfo``'s ``regBuff``: both buffers lie in this communicator's registrations (False when
         nothing registered: ``NCCL_LOCAL_REGISTER=0`` returns no handle).  What the tuner plugin is told, and so
         what ``plan`` and ``reference_config`` need to describe such a call."""
-        return bool(self._registry.regs) and self._registry.both(send, recv)
+        return bool(self._registry.regs) and self._registry.pair(send, recv) is not None
 
     # ------------------------------------------------------------------ point-to-point
     def _enqueue_p2p(self, is_send: bool, buff: np.ndarray, peer: int) -> None:

@@ -101,10 +101,12 @@ class Registry:
                 return reg
         return None
 
-    def both(self, send: np.ndarray, recv: np.ndarray) -> bool:
-        """``ncclGetAlgoInfo``'s ``regBuff``: the send and the receive buffer each lie in a registration (what a
-        tuner plugin is told; whether the call then uses them is ``ring_net``'s answer)."""
-        return self.find(address(send), send.nbytes) is not None and self.find(address(recv), recv.nbytes) is not None
+    def pair(self, send: np.ndarray, recv: np.ndarray) -> tuple | None:
+        """(send registration, receive registration) when each buffer lies in one, else None: ``ncclGetAlgoInfo``'s
+        ``regBuff`` (what a tuner plugin is told), and the lookup ``ring_net`` makes before using them."""
+        sreg = self.find(address(send), send.nbytes)
+        rreg = self.find(address(recv), recv.nbytes) if sreg is not None else None
+        return (sreg, rreg) if rreg is not None else None
 
     def ring_net(self, task, send: np.ndarray, recv: np.ndarray) -> tuple | None:
         """``ncclRegisterCollBuffers`` for a Ring AllReduce: (send registration, receive registration) when this
@@ -117,11 +119,7 @@ class Registry:
             return None
         if address(send) == address(recv):  # in place: a received slice would land on the input it needs
             return None
-        rreg = self.find(address(recv), recv.nbytes)
-        sreg = self.find(address(send), send.nbytes)
-        if rreg is None or sreg is None:  # NCCL: the input too once a ring step is sent through NET (nNodes > 1)
-            return None
-        return sreg, rreg
+        return self.pair(send, recv)  # NCCL: the input too once a ring step is sent through NET (nNodes > 1)
 
     def mhandle(self, reg: Registration | None, nc):
         """The plugin's handle of ``reg`` on connection ``nc``, registered the first time

@@ -120,21 +120,25 @@ PEERS = {  # side-by-side benchmark -> its peer's column name in the printed hea
 EXTRA = {"allreduce_vs_gloo": (["tcp", "us", "tcp", "busbw"], ["a ring's bytes alone over loopback TCP"])}
 
 
+def bench_label(name: str, path: str) -> str:
+    """The table's benchmark cell for ``NAME[-<K>x<M>]-n<N>.json`` or ``.txt``: the script, n, and the emulated
+    nodes when the file name gives them."""
+    shape = re.search(rf"{name}-(\d+)x(\d+)-n\d+\.(?:json|txt)$", path)
+    return f"`{name}.py`, n = {rank_count(path)}" + (f", {shape.group(1)} × {shape.group(2)} nodes" if shape else "")
+
+
 def side_by_side(dirname: str, name: str, series: list, notes: list, mpis: set, files: list) -> None:
     """``NAME[-<shape>]-n<N>.json`` (ours and the peer's points) and the ``.txt`` beside it (each size's
     algorithm/protocol and the goal lines) of ``allreduce_vs_mpi.py`` or ``allreduce_vs_gloo.py``."""
     peer, peer_label = PEERS[name]
     for path in sorted(glob.glob(os.path.join(dirname, f"{name}-*n*.json")), key=lambda p: (rank_count(p), p)):
-        n = rank_count(path)
-        shape = re.search(rf"{name}-(?:(\d+)x(\d+)-)?n\d+\.json$", path)
         files.append(path)
         columns, labels = EXTRA.get(name, ([], []))
         with open(path) as f:
             lab, other, *extra = json.load(f)
         if len(extra) > len(labels):
             raise BenchTableError(f"{path}: {2 + len(extra)} series, bench_table.py reads at most {2 + len(labels)}")
-        bench = f"`{name}.py`, n = {n}" + (f", {shape.group(1)} × {shape.group(2)} nodes"
-                                           if shape and shape.group(1) else "")
+        bench = bench_label(name, path)
         txt = path[:-5] + ".txt"
         protos = None
         if os.path.exists(txt):
@@ -178,10 +182,7 @@ def read(dirname: str) -> dict:
         notes += [f"`net_vs_shm.py`, n = {n}: {g}" for g in goals(comments)]
     for path in sorted(glob.glob(os.path.join(dirname, "tuning_check-*n*.txt")), key=lambda p: (rank_count(p), p)):
         files.append(path)  # its goal lines only: its times per forced pair are in the file, not in the table
-        shape = re.search(r"tuning_check-(\d+)x(\d+)-n\d+\.txt$", path)
-        bench = f"`tuning_check.py`, n = {rank_count(path)}" + (f", {shape.group(1)} × {shape.group(2)} nodes"
-                                                                 if shape else "")
-        notes += [f"{bench}: {g}" for g in goals(table_lines(path)[0])]
+        notes += [f"{bench_label('tuning_check', path)}: {g}" for g in goals(table_lines(path)[0])]
     if not series:
         raise BenchTableError(f"{dirname}: no benchmark output (allreduce_vs_mpi-n*.json, "
                               f"allreduce_vs_gloo-*-n*.json, latency-n*.txt, net_vs_shm-n*.txt); ./lab bench "

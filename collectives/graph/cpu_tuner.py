@@ -21,7 +21,7 @@ branch covers P2P and CollNet).  The cost table cannot see that.  Measured at 4 
 forced Ring/Simple against Tree/Simple in the same processes, 3 alternating rounds, 2026-12-07, docs/measured.md):
 Tree ahead up to 1 MiB (0.71x and 0.92x Ring's time), level at 2 MiB at 4 x 1 (1.02x) and behind at 2 x 2 (1.20x),
 behind from 4 MiB (1.21-1.69x), where the model still picks it up to 8 MiB.  So: AllReduce, several nodes, buffers
-registered, from ``RING_REGISTERED_FROM`` bytes -> Ring/Simple.  Like NCCL's ``regBuff``, the rule does not know
+registered, from ``RING_SIMPLE_FROM`` bytes -> Ring/Simple.  Like NCCL's ``regBuff``, the rule does not know
 that an in-place or avg call will not use the registration (``ring_net`` declines those, as ``coll_reg.cc`` does):
 such a call runs Ring through the FIFOs, measured within 15% of Tree from 2 MiB at 4 x 1.
 
@@ -38,7 +38,7 @@ from collectives.misc.param import env_str
 from tracing import debug
 
 TREE_SIMPLE_FROM, TREE_SIMPLE_TO = 512, 64 << 10
-RING_REGISTERED_FROM = 2 << 20
+RING_SIMPLE_FROM = 2 << 20
 
 
 def tuner_plugin() -> bool:
@@ -71,7 +71,7 @@ class CpuTuner:
             return None
         if self.active and TREE_SIMPLE_FROM <= nbytes <= TREE_SIMPLE_TO:
             pick = ("Tree", "Simple")
-        elif self.across and (reg_buff or self.shared_nodes) and nbytes >= RING_REGISTERED_FROM:
+        elif self.across and (reg_buff or self.shared_nodes) and nbytes >= RING_SIMPLE_FROM:
             pick = ("Ring", "Simple")
         else:
             return None
@@ -86,9 +86,9 @@ class CpuTuner:
             rule = (f"AllReduce of {TREE_SIMPLE_FROM} B to {TREE_SIMPLE_TO >> 10} KiB -> Tree/Simple (more ranks than "
                     f"cores on one node)")
         elif self.shared_nodes:
-            rule = f"AllReduce from {RING_REGISTERED_FROM >> 20} MiB -> Ring/Simple (across nodes of several ranks)"
+            rule = f"AllReduce from {RING_SIMPLE_FROM >> 20} MiB -> Ring/Simple (across nodes of several ranks)"
         elif self.across:
-            rule = (f"AllReduce from {RING_REGISTERED_FROM >> 20} MiB with registered buffers -> Ring/Simple (across "
+            rule = (f"AllReduce from {RING_SIMPLE_FROM >> 20} MiB with registered buffers -> Ring/Simple (across "
                     f"nodes)")
         else:
             rule = "the cpu preset's constants only"
