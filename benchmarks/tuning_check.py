@@ -9,8 +9,12 @@ not available at that size or rank count) is left out of that size, shown as ``-
 alternate all of them (medians; mean over ranks of the average per call) and each one's call is checked bitwise
 against NCCL's order once.  Rank 0 prints the times and, per size, the fastest forced pair and the pick's time
 over it, the pick's time being that of the forced pair equal to it (the ``pick`` column, the unforced
-communicator, shows how far two runs of one plan differ on this machine); where that exceeds 1.2 (a forced pair more than 20% faster than the pick) the line names the size, the
-pick and the faster pair, NOT met, and the last line gives the goal over all sizes.
+communicator, shows how far two runs of one plan differ on this machine).  Where that exceeds 1.2 (a forced pair
+more than 20% faster than the pick), the pick's twin and that pair are timed again, the two alone, for as many
+rounds: the sweep's fastest of up to six pairs is the least of six noisy times, biased low on this machine, and an
+independent second timing of just the two has no such bias.  Only when the pair is again more than 20% faster
+does the line name the size, the pick and the faster pair, NOT met; otherwise a line gives both timings and the
+size is not counted.  The last line gives the goal over all sizes.
 
 ``--nodes K`` runs the ranks as K emulated nodes (``NCCL_HOSTID`` per block of ranks, as ``allreduce_vs_gloo.py``):
 every communicator then crosses NET/Socket, where the preset's NET row and the tuner plugin's registered rule decide.
@@ -35,6 +39,24 @@ from timing import add_side_by_side_args, iters_for, timed_rounds
 
 FORCED = [(algo, proto) for algo in ("Ring", "Tree") for proto in ("LL", "LL128", "Simple")]
 SLACK = 1.2  # the pick may be at most this much slower than the fastest forced pair
+
+
+def needs_again(pick: str, best: str | None, ratio: float) -> bool:
+    """Whether the sweep found a forced pair more than ``SLACK`` faster than the pick: the size is timed again."""
+    return best is not None and best != pick and ratio > SLACK
+
+
+def judge(nbytes: int, pick: str, best: str, sweep: tuple[float, float],
+          again: tuple[float, float]) -> tuple[bool, str]:
+    """A size the sweep flagged, given (pick, pair) seconds per call in the sweep and timed again, the two alone:
+    flagged only when the pair is more than ``SLACK`` faster both times; the line gives both timings."""
+    r1, r2 = sweep[0] / sweep[1], again[0] / again[1]
+    second = f"timed again, the two alone: {again[0] * 1e6:.1f} against {again[1] * 1e6:.1f} us, {r2:.2f}x"
+    if r2 > SLACK:
+        return True, (f"# goal tuning at {nbytes} B: the pick {pick} takes {sweep[0] * 1e6:.1f} us, forced {best} "
+                      f"{sweep[1] * 1e6:.1f} us is {r1:.2f}x faster; {second} -> NOT met")
+    return False, (f"# tuning at {nbytes} B: forced {best} {sweep[1] * 1e6:.1f} us was {r1:.2f}x faster than the "
+                   f"pick {pick} {sweep[0] * 1e6:.1f} us in the sweep; {second}: not counted")
 
 
 def main() -> int:
@@ -62,7 +84,7 @@ def main() -> int:
               f"against each forced NCCL_ALGO/NCCL_PROTO ('-': the plan is not the forced pair there)")
         print(f"# {'size':>10} {'pick':>12} {'pick us':>9} " + " ".join(f"{k:>11}" for k in forced)
               + f" {'fastest':>12} {'pick/fastest':>12}")
-    wrong, flagged, checked = 0, [], 0
+    wrong, flagged, noted, checked = 0, [], [], 0
     for size in sizes(a):
         x = np.random.default_rng(world.rank).uniform(-1, 1, max(1, size // 4)).astype(np.float32)
         out = np.empty_like(x)
@@ -75,19 +97,22 @@ def main() -> int:
         live = {k: c for k, c in forced.items() if pair(c) == k}
         calls = {"pick": lambda: model.all_reduce(x, out=out)}
         calls.update({k: (lambda c=c: c.all_reduce(x, out=out)) for k, c in live.items()})
-        t = timed_rounds(calls, iters_for(size, 100, a.iters), world, a.rounds, warmup=a.warmup_iters)
-        for c, h in handles:
-            c.deregister(h)
-        wrong += sum(lab_wrong(c, world, x.nbytes, seed=x.nbytes, register=reg) for c in [model, *live.values()])
+        iters = iters_for(size, 100, a.iters)
+        t = timed_rounds(calls, iters, world, a.rounds, warmup=a.warmup_iters)
         best = min(live, key=t.get) if live else None
         # the pick is judged by its forced twin (the same pair, timed like the others) where there is one: the
         # pick against its twin is this machine's noise, not a tuning miss
-        mine = t[pick] if pick in live else t["pick"]
-        ratio = mine / t[best] if best else 1.0
+        twin = pick if pick in live else "pick"
+        ratio = t[twin] / t[best] if best else 1.0
         checked += 1
-        if best != pick and ratio > SLACK:
-            flagged.append(f"# goal tuning at {x.nbytes} B: the pick {pick} takes {mine * 1e6:.1f} us, forced "
-                           f"{best} {t[best] * 1e6:.1f} us is {ratio:.2f}x faster -> NOT met")
+        # rank 0 decides for all (the second timing is collective; MPI need not give every rank the same last bit)
+        if world.bcast(needs_again(pick, best, ratio)):  # before deregistering: the second timing runs the same plans
+            again = timed_rounds({twin: calls[twin], best: calls[best]}, iters, world, a.rounds)
+            hit, line = judge(x.nbytes, pick, best, (t[twin], t[best]), (again[twin], again[best]))
+            (flagged if hit else noted).append(line)
+        for c, h in handles:
+            c.deregister(h)
+        wrong += sum(lab_wrong(c, world, x.nbytes, seed=x.nbytes, register=reg) for c in [model, *live.values()])
         if world.rank == 0:
             cells = " ".join(f"{t[k] * 1e6:>11.1f}" if k in live else f"{'-':>11}" for k in forced)
             print(f"  {x.nbytes:>10} {pick:>12} {t['pick'] * 1e6:>9.1f} {cells} {best or '-':>12} {ratio:>12.2f}",
@@ -96,7 +121,7 @@ def main() -> int:
         c.destroy()
     if world.rank == 0:
         print(f"# check: the pick and every forced pair bitwise against NCCL's order: {wrong} wrong")
-        print("\n".join(flagged))
+        print("\n".join(noted + flagged))
         print(f"# goal tuning: no forced NCCL_ALGO/NCCL_PROTO more than {SLACK - 1:.0%} faster than the pick: "
               f"{len(flagged)} of {checked} sizes flagged -> {verdict(not flagged)}")
     return 1 if wrong else 0
