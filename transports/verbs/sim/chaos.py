@@ -3,8 +3,11 @@ plugin must not depend on.
 
 * Placement: a write lands in aligned 64-byte units (``NCCLLAB_SIM_CHAOS_UNIT``) in shuffled order, other threads
   running in between, so a reader polling the data (instead of waiting for the completion) sees holes.  A unit
-  is whole when seen: a 64-B CTS FIFO entry or a 16-B LL line cannot tear, a 128-B LL128 line can, so LL128
-  needs 128-B units (NCCL counts on NICs writing a 128-B line at once; see IB_WRITE_CHUNK_ALIGNMENT).
+  is whole when its last word is seen: the unit but its last 8 bytes is stored first, then those 8 bytes, and x86
+  makes stores visible in that order (one ``memmove`` of the unit would not: glibc's AVX2 copy stores 128 bytes
+  as four 32-byte stores, bytes 64-95 last).  So a 64-B CTS FIFO entry or a 16-B LL line cannot tear, and a 128-B
+  LL128 line, whose flag is its last word, cannot either if units are 128 B (NCCL counts on NICs writing a 128-B
+  line at once; see IB_WRITE_CHUNK_ALIGNMENT).
 * Completions: delayed by up to a millisecond, per QP still in order and still after placement.
 """
 from __future__ import annotations
@@ -33,7 +36,10 @@ class Chaos:
         spans = [(a, min(a + unit, len(data))) for a in range(0, len(data), unit)]
         self.rng.shuffle(spans)
         for i, (a, b) in enumerate(spans):
-            ctypes.memmove(addr + a, data[a:b], b - a)
+            last = b - 8 if b - a > 8 else a  # the unit's last word goes last: what a reader checks first
+            if last > a:
+                ctypes.memmove(addr + a, data[a:last], last - a)
+            ctypes.memmove(addr + last, data[last:b], b - last)
             if i % 64 == 63:
                 time.sleep(0)  # let a polling reader look at the half-placed buffer
 
