@@ -52,7 +52,7 @@ def judge(nbytes: int, pick: str, best: str, sweep: tuple[float, float],
     flagged only when the pair is more than ``SLACK`` faster both times; the line gives both timings."""
     r1, r2 = sweep[0] / sweep[1], again[0] / again[1]
     second = f"timed again, the two alone: {again[0] * 1e6:.1f} against {again[1] * 1e6:.1f} us, {r2:.2f}x"
-    if r1 > SLACK and r2 > SLACK:
+    if needs_again(pick, best, r1) and r2 > SLACK:
         return True, (f"# goal tuning at {nbytes} B: the pick {pick} takes {sweep[0] * 1e6:.1f} us, forced {best} "
                       f"{sweep[1] * 1e6:.1f} us is {r1:.2f}x faster; {second} -> NOT met")
     return False, (f"# tuning at {nbytes} B: forced {best} {sweep[1] * 1e6:.1f} us was {r1:.2f}x faster than the "

@@ -193,7 +193,7 @@ def test_chaos_places_aligned_units_in_shuffled_order(V, monkeypatch):
     units: dict = {}
     for addr, n in placed:  # each unit: its writes in order
         units.setdefault((addr - 0x1000) // 128, []).append((addr - 0x1000, n))
-    starts = [k for k in dict.fromkeys((a - 0x1000) // 128 for a, _ in placed)]
+    starts = list(dict.fromkeys((a - 0x1000) // 128 for a, _ in placed))  # units in the order they landed
     assert sorted(starts) != starts, "units placed in order"
     assert sorted(units) == list(range(41)) and sum(n for _, n in placed) == 128 * 40 + 5
     for k, writes in units.items():

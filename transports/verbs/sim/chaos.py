@@ -36,7 +36,7 @@ class Chaos:
         spans = [(a, min(a + unit, len(data))) for a in range(0, len(data), unit)]
         self.rng.shuffle(spans)
         for i, (a, b) in enumerate(spans):
-            last = b - 8 if b - a > 8 else a  # the unit's last word goes last: what a reader checks first
+            last = max(a, b - 8)  # the unit's last word goes last: what a reader checks first
             if last > a:
                 ctypes.memmove(addr + a, data[a:last], last - a)
             ctypes.memmove(addr + last, data[last:b], b - last)
