@@ -65,6 +65,8 @@ def reference_config(plan: enqueue.Plan, rings: list, trees: list, buff_sizes: d
               "buffsize": buff_sizes[plan.proto], "trees": tree_table(trees)}
     if search_channels is not None:
         config["search_channels"] = search_channels
+    if plan.tuner_channels:  # a tuner plugin's channel count (AllReduce only): the reference splits the same way
+        config["max_channels"] = plan.tuner_channels
     return config
 
 

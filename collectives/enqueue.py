@@ -14,7 +14,7 @@ AllGather and Broadcast are counted in bytes (NCCL retypes them as int8 in ``col
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -119,6 +119,7 @@ class Plan:
     n_warps: int = 0    # topoGetAlgoInfo's nWarps: the GPU kernels' block size (a CPU kernel has no use for it)
     chunk_steps: int = 1  # calcCollChunking's chunkSteps and sliceSteps (several only for Ring/Simple)
     slice_steps: int = 1
+    tuner_channels: int = 0  # a tuner plugin's nChannels, which replaced topoGetAlgoInfo's (0: none asked)
 
     @property
     def nchannels(self) -> int:
@@ -136,14 +137,22 @@ class CollSpec:
     proto: str
     n_max_channels: int
     n_warps: int
+    tuner_channels: int = 0
+
+
+def algo_info_spec(t: Tuning, func: str, count: int, elt_size: int, algo: str, proto: str, nbytes: int,
+                   tuner_channels: int = 0) -> CollSpec:
+    """The end of ``ncclGetAlgoInfo``: ``topoGetAlgoInfo``'s nMaxChannels and nWarps for ``nbytes``, then a tuner
+    plugin's ``nChannels``, when it asked one, in place of that nMaxChannels."""
+    n_max_ch, n_warps = topo_get_algo_info(t, algo, proto, nbytes)
+    return CollSpec(func, count, elt_size, algo, proto, tuner_channels or n_max_ch, n_warps, tuner_channels)
 
 
 def schedule_coll(t: Tuning, func: str, count: int, elt_size: int, algo: str = "Ring",
-                  proto: str = "Simple") -> Plan:
+                  proto: str = "Simple", tuner_channels: int = 0) -> Plan:
     """One collective, alone in its plan (channelId 0, no traffic yet on any channel)."""
     nbytes = elt_size * max_send_recv_count(func, t.nranks, count)  # the same bytes once retyped as int8
-    n_max_ch, n_warps = topo_get_algo_info(t, algo, proto, nbytes)
-    return schedule_colls(t, [CollSpec(func, count, elt_size, algo, proto, n_max_ch, n_warps)])[0]
+    return schedule_colls(t, [algo_info_spec(t, func, count, elt_size, algo, proto, nbytes, tuner_channels)])[0]
 
 
 def schedule_colls(t: Tuning, specs: list[CollSpec]) -> list[Plan]:
@@ -154,7 +163,8 @@ def schedule_colls(t: Tuning, specs: list[CollSpec]) -> list[Plan]:
     counts).  Where we differ on purpose: no work budget (a plan never overflows here), no CollNet or NVLS kinds."""
     comm_channels, n = t.nchannels, t.nranks
     specs = [s if s.func not in ("AllGather", "Broadcast") else  # NCCL retypes them as int8 (collTaskAppend)
-             CollSpec(s.func, s.count * s.elt_size, 1, s.algo, s.proto, s.n_max_channels, s.n_warps) for s in specs]
+             CollSpec(s.func, s.count * s.elt_size, 1, s.algo, s.proto, s.n_max_channels, s.n_warps,
+                      s.tuner_channels) for s in specs]
 
     def tpb(s: CollSpec) -> int:
         return traffic_per_byte(s.func, n) * (4 if PROTOCOLS[s.proto] is LL else 1)
@@ -168,7 +178,8 @@ def schedule_colls(t: Tuning, specs: list[CollSpec]) -> list[Plan]:
     for s in specs:
         steps = PROTOCOLS[s.proto].chunk_slice_steps(s.algo, CHUNKSTEPS[s.func], SLICESTEPS[s.func])
         if s.count == 0:  # NCCL never enqueues it
-            plans.append(Plan(s.func, s.algo, s.proto, s.elt_size, 0, s.n_max_channels, (), s.n_warps, *steps))
+            plans.append(Plan(s.func, s.algo, s.proto, s.elt_size, 0, s.n_max_channels, (), s.n_warps, *steps,
+                              s.tuner_channels))
             continue
         parts, channel_id, current = _cbd_parts(s.count, s.elt_size, tpb(s), traffic_per_channel, channel_id,
                                                 current, comm_channels)
@@ -181,7 +192,7 @@ def schedule_colls(t: Tuning, specs: list[CollSpec]) -> list[Plan]:
             works.append(ChannelWork(c, offset, part, chunk_count, s.count))
             offset += part
         plans.append(Plan(s.func, s.algo, s.proto, s.elt_size, s.count, s.n_max_channels, tuple(works), s.n_warps,
-                          *steps))
+                          *steps, s.tuner_channels))
     return plans
 
 
@@ -240,11 +251,11 @@ def plan_coll(t: Tuning, choose, func: str, count: int, elt_size: int, reg_buff:
     bytes, told ``reg_buff`` (``ncclGetAlgoInfo``'s ``regBuff`` for a tuner plugin: both buffers registered), then
     ``schedule_coll`` splits the call into channels and chunks."""
     nbytes = elt_size * max_send_recv_count(func, t.nranks, count)
-    algo, proto, predicted = choose(func, nbytes, 1, reg_buff)
+    algo, proto, predicted, tuner_channels = choose(func, nbytes, 1, reg_buff)
     if debug.enabled("TRACE", "COLL"):  # topoGetAlgoInfo prints the ids
         debug.trace("COLL", f"{nbytes} Bytes -> Algo {ALGOS.index(algo)} proto {PROTOCOLS[proto].id} "
                             f"time {predicted:f}")
-    return schedule_coll(t, func, count, elt_size, algo, proto)
+    return schedule_coll(t, func, count, elt_size, algo, proto, tuner_channels)
 
 
 SORTER_UNIT_LOG2, SORTER_MAX_LOG2, SORTER_BITS_PER_POW2 = 10, 30, 2  # struct ncclTaskCollSorter
@@ -287,11 +298,11 @@ def prepare_colls(t: Tuning, choose, tasks: list[tuple]) -> tuple[list[int], lis
             func, _, elt = tasks[run[k]][:3]
             count = sum(tasks[i][1] for i in run[k:end])
             nbytes = elt * max_send_recv_count(func, n, count)
-            algo, proto, estimated = choose(func, nbytes, pipe_ops)
-            n_max, n_warps = topo_get_algo_info(t, algo, proto, nbytes)
+            algo, proto, estimated, tuner_channels = choose(func, nbytes, pipe_ops)
+            agg = algo_info_spec(t, func, count, elt, algo, proto, nbytes, tuner_channels)
             for i in run[k:end]:
                 order.append(i)
-                specs.append(CollSpec(func, tasks[i][1], elt, algo, proto, n_max, n_warps))
+                specs.append(replace(agg, count=tasks[i][1]))
             k = end
     return order, specs, estimated
 

@@ -172,6 +172,40 @@ def test_the_cpu_tuner_prefers_ring_simple_for_registered_allreduces_across_node
     assert "across nodes of several ranks" in CostModel(cpu_lab(4, 2)).m.tuner.describe()
 
 
+def test_the_cpu_tuner_runs_its_ring_rule_on_one_channel_below_64_mib():
+    """``getCollInfo``'s nChannels (``ncclGetAlgoInfo``: a non-zero value replaces ``topoGetAlgoInfo``'s
+    nMaxChannels): where ``cpu_tuner``'s ring rule sets Ring/Simple (across nodes, from 2 MiB, registered or several
+    ranks a node) below ``RING_ONE_CHANNEL_BELOW`` (64 MiB) it asks one channel; at 64 MiB and above, and wherever
+    the rule does not fire, 0 (NCCL's own count)."""
+    sizes = ((2 << 20) - 1, 2 << 20, 32 << 20, (64 << 20) - 1, 64 << 20, 128 << 20)
+    for nodes, reg in ((4, True), (2, True), (2, False)):
+        m = CostModel(cpu_lab(4, nodes, oversubscribed=True))
+        assert [m.choose("AllReduce", s, reg_buff=reg).n_channels for s in sizes] == [0, 1, 1, 1, 0, 0], (nodes, reg)
+        assert m.choose("AllReduce", 4 << 20, reg_buff=reg)[:3] == ("Ring", "Simple", 0.0)
+    assert CostModel(cpu_lab(4, 4, oversubscribed=True)).choose("AllReduce", 4 << 20).n_channels == 0  # 4 x 1 unreg.
+    assert CostModel(cpu_lab(4, 4), algo_env="Tree").choose("AllReduce", 4 << 20, reg_buff=True).n_channels == 0
+    assert CostModel(cpu_lab(4, 4, tuner=False)).choose("AllReduce", 4 << 20, reg_buff=True).n_channels == 0
+    assert CostModel(cpu_lab(4, oversubscribed=True)).choose("AllReduce", 4096).n_channels == 0  # the one-node rule
+    assert "one channel below 64 MiB" in CostModel(cpu_lab(4, 2)).m.tuner.describe()
+
+
+def test_a_tuned_channel_count_reaches_the_plan_and_the_reference():
+    """The tuner's nChannels becomes the task's nMaxChannels (``ncclGetAlgoInfo``), so ``scheduleCollTasksToPlan``
+    lays a 4 MiB registered AllReduce across 4 nodes on one of the communicator's two channels, and at 64 MiB on
+    both; the reference, told the same count (``max_channels``), splits it the same way."""
+    from collectives import enqueue
+    from collectives.perf import reference
+    m = CostModel(cpu_lab(4, 4, oversubscribed=True))
+    t = enqueue.default_tuning(4, 2, {"Simple": 1 << 25, "LL": 1 << 19, "LL128": 4915200}, nnodes=4)
+    for count, channels in (((4 << 20) // 4 + 7, 1), ((64 << 20) // 4, 2)):
+        p = enqueue.plan_coll(t, m.choose, "AllReduce", count, 4, reg_buff=True)
+        assert (p.algo, p.proto, p.nchannels, p.tuner_channels) == ("Ring", "Simple", channels, 2 - channels)
+        parts = reference.channel_parts("AllReduce", count, 4, 4, 2, "Simple", 1 << 25, max_channels=p.tuner_channels)
+        assert [(w.part_offset, w.part_count, w.chunk_count) for w in p.works] == parts
+    unreg = enqueue.plan_coll(t, m.choose, "AllReduce", (4 << 20) // 4, 4)
+    assert (unreg.algo, unreg.nchannels, unreg.tuner_channels) == ("Tree", 2, 0)
+
+
 def test_tuner_plugin_none_turns_the_cpu_tuner_off(monkeypatch):
     from collectives.graph.cpu_tuner import tuner_plugin
     monkeypatch.delenv("NCCL_TUNER_PLUGIN", raising=False)

@@ -66,7 +66,7 @@ def test_prepare_aggregates_within_4x_and_counts_pipelined_ops():
 
     def choose(func, nbytes, num_pipe_ops=1):
         calls.append((func, nbytes, num_pipe_ops))
-        return "Ring", "LL", 1.5 * len(calls)
+        return "Ring", "LL", 1.5 * len(calls), 0  # CostModel.choose's AlgoInfo: no tuner channel count
 
     t = tuning(4, 2)
     tasks = [("AllReduce", 1000, 4, "sum", "float32")] * 3 + [("AllReduce", 100000, 4, "sum", "float32"),

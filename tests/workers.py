@@ -85,8 +85,8 @@ ALL = ["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]
 def independent_config(comm, func: str, count: int, dt, registered: bool = False) -> dict:
     """The reference's configuration, from the environment and NCCL's rules as ``reference`` writes them again:
     channels, rings, thread count (so the channel shrink) and a forced protocol or algorithm.  Only the cost
-    model's automatic choice (for buffers ``registered`` or not: the tuner plugin is told) and the trees are taken
-    from the communicator (tested on their own elsewhere)."""
+    model's automatic choice (for buffers ``registered`` or not: the tuner plugin is told), with the channel count a
+    tuner plugin asks, and the trees are taken from the communicator (tested on their own elsewhere)."""
     if not hasattr(comm, "_test_hosts"):  # every rank's NCCL_HOSTID: which ranks share a node
         comm._test_hosts = hostids(comm)
     given = getattr(comm, "_test_rings", None)
@@ -97,9 +97,12 @@ def independent_config(comm, func: str, count: int, dt, registered: bool = False
         if own[key] is not None and (key == "proto" or func == "AllReduce"):
             assert chosen[key] == own[key], (func, count, key, chosen[key], own[key])
     proto = own["proto"] or chosen["proto"]
-    return {"rings": own["rings"], "nchannels": own["nchannels"], "search_channels": own["search_channels"],
-            "proto": proto, "algo": (own["algo"] if func == "AllReduce" else None) or chosen["algo"],
-            "trees": chosen["trees"], "buffsize": own["buff_sizes"][proto]}
+    config = {"rings": own["rings"], "nchannels": own["nchannels"], "search_channels": own["search_channels"],
+              "proto": proto, "algo": (own["algo"] if func == "AllReduce" else None) or chosen["algo"],
+              "trees": chosen["trees"], "buffsize": own["buff_sizes"][proto]}
+    if "max_channels" in chosen:
+        config["max_channels"] = chosen["max_channels"]
+    return config
 
 
 @dataclass
@@ -300,8 +303,17 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
     return best
 
 
+def _cpu_tuner_channels(func: str, nbytes: int, n: int, nodes: int, protos: set | None) -> int:
+    """The lab's tuner plugin's nChannels, written again: across nodes of several ranks (buffers unregistered
+    here), an AllReduce its ring rule sets to Ring/Simple (2 MiB or more) runs on one channel below 64 MiB; else 0
+    (NCCL's own count)."""
+    simple = protos is None or "Simple" in protos
+    return int(1 < nodes < n and func == "AllReduce" and 2 << 20 <= nbytes < 64 << 20 and simple)
+
+
 def auto_choice(args: list[str]) -> None:
-    """The communicator's automatic (algo, proto) equals what NCCL's rules give on the lab's CPU machine."""
+    """The communicator's automatic (algo, proto) equals what NCCL's rules give on the lab's CPU machine, and so
+    does the channel count the lab's tuner plugin asks."""
     text = os.environ.get("NCCL_PROTO", "")
     protos = {p for p in ("LL", "LL128", "Simple") if p.lower() in text.lower().split(",")} if text else None
     with collectives.Communicator() as comm:
@@ -314,6 +326,9 @@ def auto_choice(args: list[str]) -> None:
                 plan = comm.plan(func, count, np.float32)
                 want = _nccl_cpu_choice(func, 4 * count * mult, comm.nranks, nodes, 1, protos, oversubscribed)
                 assert (plan.algo, plan.proto) == want, (func, count, plan.algo, plan.proto, want)
+                tuned = _cpu_tuner_channels(func, 4 * count * mult, comm.nranks, nodes, protos)
+                assert plan.tuner_channels == tuned and (not tuned or plan.nchannels == 1), \
+                    (func, count, plan.tuner_channels, plan.nchannels, tuned)
                 chosen.add(plan.proto)
         x = np.ones(1 << 16, np.float32)
         assert np.array_equal(comm.all_reduce(x), np.full_like(x, comm.nranks))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -122,6 +123,16 @@ def pat_enable(m: Machine) -> bool:
     if env != 2:
         return bool(env)
     return m.n_nodes == m.n_ranks
+
+
+class AlgoInfo(NamedTuple):
+    """What ``ncclGetAlgoInfo`` fixes for a collective before ``topoGetAlgoInfo``'s channel and thread counts:
+    the algorithm, the protocol, the estimated time (us), and a tuner plugin's ``nChannels`` (0: none asked, NCCL
+    keeps its own nMaxChannels)."""
+    algo: str
+    proto: str
+    time: float
+    n_channels: int = 0
 
 
 class CostModel:
@@ -282,16 +293,16 @@ class CostModel:
         return {(ALGOS[a], PROTOS[p]): self.time(func, a, p, nbytes, num_pipe_ops) for a in (TREE, RING)
                 for p in range(3)}
 
-    def choose(self, func: str, nbytes: int, num_pipe_ops: int = 1, reg_buff: bool = False
-               ) -> tuple[str, str, float]:
+    def choose(self, func: str, nbytes: int, num_pipe_ops: int = 1, reg_buff: bool = False) -> AlgoInfo:
         """``topoGetAlgoInfo``: the strictly smallest non-negative time, ties to the lower (algo, proto) ids; a
         tuner plugin's ``getCollInfo`` edits the table first (``ncclGetAlgoInfo``), told ``regBuff``: whether
-        the call's send and receive buffers are both registered."""
+        the call's send and receive buffers are both registered, and may ask a channel count."""
         if self.m.n_ranks == 1:
-            return "Ring", "Simple", 0.0
+            return AlgoInfo("Ring", "Simple", 0.0)
         table = self.table(func, nbytes, num_pipe_ops)
+        n_channels = 0
         if self.m.tuner is not None:
-            self.m.tuner.get_coll_info(func, nbytes, table, reg_buff)
+            n_channels = self.m.tuner.get_coll_info(func, nbytes, table, reg_buff)
         best, best_t = None, float("inf")
         for (algo, proto), t in table.items():
             if 0.0 <= t < best_t:
@@ -299,7 +310,7 @@ class CostModel:
         if best is None:
             raise TuningError(f"No algorithm/protocol available for function {func} on {self.m.name} "
                               f"(NCCL_ALGO/NCCL_PROTO and the machine leave nothing)")
-        return best[0], best[1], best_t
+        return AlgoInfo(best[0], best[1], best_t, n_channels)
 
     def tuning_lines(self, max_threads: dict | None = None) -> list[str]:
         """The NCCL_DEBUG_SUBSYS=TUNING table of rank 0, as ``ncclTopoTuneModel`` prints it: the seven algorithms

@@ -31,6 +31,17 @@ measured forced Ring/Simple 1.28x and 1.42x faster than the model's Tree/Simple 
 step between nodes 860 us where a node has several ranks (``hw_latencies[NET][RING]``), which moves the model's
 crossover to 8 MiB.  So the rule also applies there without registration; at one rank a node (4 x 1, where the
 ring's NET steps are charged the tree's 360 us) the unregistered picks were within 15% and stay the model's.
+
+Where that ring rule fires it also returns ``getCollInfo``'s ``nChannels`` (NCCL's example tuner's ``channels``
+column): one channel below ``RING_ONE_CHANNEL_BELOW`` bytes, where ``ncclGetAlgoInfo`` then replaces the
+nMaxChannels ``topoGetAlgoInfo`` derived (two here, the communicator's).  With four ranks on two cores, a second
+channel halves every NET message and doubles the sockets each rank serves, without a core to run it on.  Measured
+with both communicators in the same processes (the communicator's two channels against ``NCCL_MAX_NCHANNELS=1``, 5
+alternating rounds, 2026-12-07, docs/measured.md), one channel's time against two: 4 x 1 registered 0.77-0.85x from
+2 to 8 MiB (two runs), 0.91-0.93x at 16 MiB, 0.94-1.0x at 32 MiB, 1.01x at 64 MiB and 1.10-1.11x at 128 MiB; 2 x 2
+registered 0.85-0.98x from 2 to 32 MiB, 1.0x at 64 MiB, 1.11-1.12x at 128 MiB; 2 x 2 unregistered 0.93-0.97x from 2
+to 64 MiB.  A tree (the model's pick below 2 MiB, and at 4 x 1 unregistered) was slower on one channel (1.09-1.32x
+at 1 to 8 MiB), so the rule asks nothing there.
 """
 from __future__ import annotations
 
@@ -39,6 +50,7 @@ from tracing import debug
 
 TREE_SIMPLE_FROM, TREE_SIMPLE_TO = 512, 64 << 10
 RING_SIMPLE_FROM = 2 << 20
+RING_ONE_CHANNEL_BELOW = 64 << 20
 
 
 def tuner_plugin() -> bool:
@@ -63,22 +75,23 @@ class CpuTuner:
         self.across = nnodes > 1
         self.shared_nodes = nnodes > 1 and ranks_per_node > 1
 
-    def get_coll_info(self, func: str, nbytes: int, table: dict, reg_buff: bool = False) -> tuple | None:
+    def get_coll_info(self, func: str, nbytes: int, table: dict, reg_buff: bool = False) -> int:
         """``getCollInfo``: prefer Tree/Simple or Ring/Simple where a rule applies and the table has it (NCCL_ALGO
         and NCCL_PROTO still decide: a disabled entry stays -1).  ``reg_buff``: NCCL's ``regBuff``, both buffers
-        registered.  Returns the (algorithm, protocol) it set, or None."""
+        registered.  Returns its ``nChannels``: 1 where the ring rule set Ring/Simple below
+        ``RING_ONE_CHANNEL_BELOW``, else 0 (NCCL keeps its own count)."""
         if func != "AllReduce":
-            return None
+            return 0
         if self.active and TREE_SIMPLE_FROM <= nbytes <= TREE_SIMPLE_TO:
             pick = ("Tree", "Simple")
         elif self.across and (reg_buff or self.shared_nodes) and nbytes >= RING_SIMPLE_FROM:
             pick = ("Ring", "Simple")
         else:
-            return None
+            return 0
         if table.get(pick, -1.0) < 0:
-            return None
+            return 0
         table[pick] = 0.0
-        return pick
+        return 1 if pick == ("Ring", "Simple") and nbytes < RING_ONE_CHANNEL_BELOW else 0
 
     def describe(self) -> str:
         """The INFO line NCCL's plugins print when they load, with the rule in force."""
@@ -92,4 +105,6 @@ class CpuTuner:
                     f"nodes)")
         else:
             rule = "the cpu preset's constants only"
+        if self.across:
+            rule += f", one channel below {RING_ONE_CHANNEL_BELOW >> 20} MiB"
         return f"TUNER/Plugin: Using {self.name}: {rule}"

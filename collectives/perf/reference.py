@@ -126,9 +126,11 @@ def config_from_env(nranks: int, search_channels: int = 1, rings: list[list[int]
 
 def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, proto: str = "Simple",
                   buffsize: int | None = None, algo: str = "Ring", nnodes: int = 1, threads: int | None = None,
-                  search_channels: int | None = None, nccl_version: tuple = (2, 30)) -> list[tuple[int, int, int]]:
+                  search_channels: int | None = None, nccl_version: tuple = (2, 30),
+                  max_channels: int = 0) -> list[tuple[int, int, int]]:
     """[(start, length, chunkCount)] per channel, in elements of size ``elt``.  ``threads``: the protocol's thread
     count, else derived (``search_channels`` given: NCCL's rule for this ring; not given: the maxima).
+    ``max_channels``: a tuner plugin's nChannels, which ``ncclGetAlgoInfo`` puts in place of the shrunk count.
     ``nccl_version`` before 2.29: 2.28's split (``MinTrafficPerChannel`` 16 KiB, and the traffic per channel is
     ``max(16 KiB, traffic / nChannels)`` without the 16-byte rounding); the rest is checked equal in both."""
     if count == 0:
@@ -140,6 +142,8 @@ def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, 
     usable = nchannels
     while usable > 1 and moved < usable * nthreads * threshold:
         usable -= 1
+    if max_channels:
+        usable = min(max_channels, nchannels)
     if proto == "LL":
         per_byte *= 4
     if tuple(nccl_version) < (2, 29):
@@ -229,9 +233,9 @@ def _tree_sum(inputs, tree: dict, v: int, sl: slice, op: str, n: int) -> np.ndar
 def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[int]] | None = None,
                nchannels: int = 1, proto: str = "Simple", buffsize: int | None = None, algo: str = "Ring",
                trees: list[dict] | None = None, search_channels: int | None = None,
-               nccl_version: tuple = (2, 30)) -> np.ndarray:
-    """``trees`` (Tree only): per channel ``{rank: (up, [down...])}``; ``search_channels``, ``nccl_version``: see
-    ``channel_parts``."""
+               nccl_version: tuple = (2, 30), max_channels: int = 0) -> np.ndarray:
+    """``trees`` (Tree only): per channel ``{rank: (up, [down...])}``; ``search_channels``, ``nccl_version``,
+    ``max_channels``: see ``channel_parts``."""
     n = len(inputs)
     x0 = np.asarray(inputs[0])
     out = np.empty_like(x0)
@@ -241,7 +245,7 @@ def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[i
         for c, (start, length, _) in enumerate(channel_parts("AllReduce", x0.size, x0.itemsize, n, nchannels,
                                                             proto, buffsize, "Tree",
                                                             search_channels=search_channels,
-                                                            nccl_version=nccl_version)):
+                                                            nccl_version=nccl_version, max_channels=max_channels)):
             tree = {int(r): v for r, v in trees[c].items()}
             root = next(r for r, (up, _) in tree.items() if up == -1)
             sl = slice(start, start + length)
@@ -250,7 +254,7 @@ def all_reduce(inputs: Sequence[np.ndarray], op: str = "sum", rings: list[list[i
     rings = rings or [list(range(n))]
     for c, (start, length, chunk) in enumerate(channel_parts("AllReduce", x0.size, x0.itemsize, n, nchannels,
                                                             proto, buffsize, search_channels=search_channels,
-                                                            nccl_version=nccl_version)):
+                                                            nccl_version=nccl_version, max_channels=max_channels)):
         pos = _positions(rings[c % len(rings)])
         loop = n * chunk
         for lo in range(0, length, loop):

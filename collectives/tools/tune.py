@@ -75,7 +75,7 @@ def explain(rows: list[dict], nbytes: int) -> str:
 
 
 def predict(model: CostModel, func: str, nbytes: int) -> list[dict]:
-    algo, proto, _ = model.choose(func, nbytes)
+    algo, proto = model.choose(func, nbytes)[:2]
     n = model.m.n_ranks
     rows = []
     for (a, p), t in model.table(func, nbytes).items():
