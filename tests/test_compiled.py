@@ -58,6 +58,20 @@ def test_compiled_tree_matches_readable(n, nodes, mixed, fan):
     assert max(fans) == fan, proc.stdout
 
 
+def test_oversubscribed_calls_of_256_kib_or_more_sleep_after_fewer_yields():
+    """``compiled.waits_for``: with more ranks than cores and no proxied connection, a call moving
+    ``FEW_YIELDS_FROM`` bytes or more (its larger buffer) yields ``FEW_YIELDS`` times before it sleeps, a smaller one
+    ``YIELDS_BEFORE_SLEEP``; with a proxy, or a core each, the policy does not depend on the size."""
+    few, many = compiled.FEW_YIELDS, compiled.YIELDS_BEFORE_SLEEP
+    assert compiled.FEW_YIELDS_FROM == 256 << 10 and few < many
+    assert compiled.waits_for(True, False, (256 << 10) - 1) == (2, compiled.SLEEPS_EACH, many)
+    assert compiled.waits_for(True, False, 256 << 10) == (2, compiled.SLEEPS_EACH, few)
+    assert compiled.waits_for(True, False, 128 << 20) == (2, compiled.SLEEPS_EACH, few)
+    for sleep, proxied in ((False, False), (False, True), (True, True)):
+        assert compiled.waits_for(sleep, proxied, 8) == compiled.waits_for(sleep, proxied, 128 << 20) == \
+            compiled.WAITS[sleep, proxied]
+
+
 def test_compiled_waits_of_oversubscribed_ranks_leave_no_sleep_mark():
     # 3 ranks on this machine's 2 cores: a blocked compiled call yields, then marks and sleeps on the doorbell or
     # head itself (rank 0 comes late to the first call of each kind, so that the others do sleep); after every

@@ -314,12 +314,31 @@ YIELDS_BEFORE_SLEEP, SLEEPS_EACH = 1000, 50
 # proxy it waits inside (see above); otherwise it spins 4096 rounds, then lets Kernel.run wait.
 WAITS = {(False, False): (4096, 0, 0), (True, False): (2, SLEEPS_EACH, YIELDS_BEFORE_SLEEP),
          (False, True): (2, 0, 0), (True, True): (2, 0, 0)}
+# ... but a call moving FEW_YIELDS_FROM bytes or more sleeps after FEW_YIELDS yields.  A yield gives the core to a
+# peer only if the scheduler finds one eligible (EEVDF: one that has not run ahead of its share), so a rank waiting
+# on a peer that has used its share spins in yields while that peer waits for the core.  Measured at n = 8 on 2
+# cores (3 policies in the same processes beside MPI's Allreduce, 7 alternating rounds, 2026-12-07,
+# docs/measured.md), 1000 / 100 / 30 yields, us per call, in a run where ours ran as usual, then in one where the
+# machine was in its slow state:
+#   4 KiB    120 / 121 / 142      103 / 110 / 128
+#   256 KiB  396 / 426 / 404      1159 / 993 / 1051
+#   2 MiB    1494 / 1492 / 1505   5541 / 5238 / 4441
+#   16 MiB   16057 / 11528 / 11745   51470 / 40227 / 31651
+FEW_YIELDS_FROM, FEW_YIELDS = 256 << 10, 30
+_FEW = (2, SLEEPS_EACH, FEW_YIELDS)
+
+
+def waits_for(sleep: bool, proxied: bool, nbytes: int) -> tuple:
+    """The wait policy (``WAITS``) of a call whose larger buffer is ``nbytes`` long."""
+    if sleep and not proxied and nbytes >= FEW_YIELDS_FROM:
+        return _FEW
+    return WAITS[sleep, proxied]
 
 
 def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, sig: np.ndarray) -> None:
     """The kernel for one compiled call.  Most calls end in the first try; a blocked one lets ``Kernel.run`` wait
     between tries (yield or sleep, check the peers and the deadline, write the hang report)."""
-    status = compiled.run(inp, out, sig, WAITS[kernel.sleep, kernel.poll is not None])
+    status = compiled.run(inp, out, sig, waits_for(kernel.sleep, kernel.poll is not None, max(inp.nbytes, out.nbytes)))
     if status != DONE:  # (after SLEEPS_EACH sleeps) yield at once, sleep after 30 rounds
         kernel.run([_resume(kernel, compiled, inp, out, status)], *((0, 30) if kernel.sleep else ()))
 

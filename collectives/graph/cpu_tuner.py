@@ -37,10 +37,10 @@ column): one channel below ``RING_ONE_CHANNEL_BELOW`` bytes, where ``ncclGetAlgo
 nMaxChannels ``topoGetAlgoInfo`` derived (two here, the communicator's).  With four ranks on two cores, a second
 channel halves every NET message and doubles the sockets each rank serves, without a core to run it on.  Measured
 with both communicators in the same processes (the communicator's two channels against ``NCCL_MAX_NCHANNELS=1``, 5
-alternating rounds, 2026-12-07, docs/measured.md), one channel's time against two: 4 x 1 registered 0.77-0.85x from
+alternating rounds, 2026-12-07, docs/measured.md), one channel's time against two: 4 x 1 registered 0.77-0.90x from
 2 to 8 MiB (two runs), 0.91-0.93x at 16 MiB, 0.94-1.0x at 32 MiB, 1.01x at 64 MiB and 1.10-1.11x at 128 MiB; 2 x 2
 registered 0.85-0.98x from 2 to 32 MiB, 1.0x at 64 MiB, 1.11-1.12x at 128 MiB; 2 x 2 unregistered 0.93-0.97x from 2
-to 64 MiB.  A tree (the model's pick below 2 MiB, and at 4 x 1 unregistered) was slower on one channel (1.09-1.32x
+to 64 MiB.  A tree (the model's pick below 2 MiB, and at 4 x 1 unregistered) was slower on one channel (1.08-1.32x
 at 1 to 8 MiB), so the rule asks nothing there.
 """
 from __future__ import annotations
