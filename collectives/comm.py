@@ -120,7 +120,8 @@ class Communicator(GatherScatter):
         self.buff_sizes = buffer_sizes(cpu_nodes=self.nnodes if self.device.name == "cpu" else 0)
         self.local_ranks = peers.local_ranks
         self.local_rank = self.local_ranks.index(self.rank)
-        self.oversubscribed = peers.same_machine > len(os.sched_getaffinity(0))  # emulated nodes share the cores
+        self.ranks_per_core = peers.same_machine / len(os.sched_getaffinity(0))  # emulated nodes share the cores
+        self.oversubscribed = self.ranks_per_core > 1
         self._plans: dict[tuple, enqueue.Plan] = {}
         debug.set_device(self.local_rank)
         # initTransportsRank's topology job: load, search, Preset, AllGather3, Postset (explicit rings: rank 0's)
@@ -169,6 +170,7 @@ class Communicator(GatherScatter):
         h = self.health
         self._kernel = Kernel(self.rank, 0, "", h.check, lambda peer: h.check_peer_op(peer, self.op_count),
                               self.oversubscribed, h.suspects, h.warn)
+        self._kernel.ranks_per_core = self.ranks_per_core
         if self.conns is not None and self.conns.proxied:  # a blocked kernel moves its NET bytes itself
             self._kernel.poll, self._kernel.net_wait = self.conns.poll, self.conns.wait
         self._kernel.tracer = self.tracer

@@ -129,7 +129,8 @@ class Plan:
 @dataclass(frozen=True)
 class CollSpec:
     """What ``ncclPrepareTasks`` fixes for one ``ncclTaskColl`` before it is scheduled: the call, its algorithm
-    and protocol, and ``topoGetAlgoInfo``'s nMaxChannels and nWarps (of its aggregate, in a group)."""
+    and protocol, and ``topoGetAlgoInfo``'s nMaxChannels (or the tuner plugin's ``tuner_channels``, when it asked
+    some) and nWarps, of its aggregate in a group."""
     func: str
     count: int
     elt_size: int
@@ -247,7 +248,7 @@ def _cbd_parts(count: int, elt_size: int, tpb: int, traffic_per_channel: int, ch
 
 def plan_coll(t: Tuning, choose, func: str, count: int, elt_size: int, reg_buff: bool = False) -> Plan:
     """``func`` of ``count`` elements planned as ``ncclPrepareTasks`` does: ``choose`` (the cost model's
-    ``CostModel.choose``: bytes -> algorithm, protocol, predicted time) picks for ``ncclFuncMaxSendRecvCount``'s
+    ``CostModel.choose``: bytes -> algorithm, protocol, predicted time, a tuner's channel count) picks for ``ncclFuncMaxSendRecvCount``'s
     bytes, told ``reg_buff`` (``ncclGetAlgoInfo``'s ``regBuff`` for a tuner plugin: both buffers registered), then
     ``schedule_coll`` splits the call into channels and chunks."""
     nbytes = elt_size * max_send_recv_count(func, t.nranks, count)
@@ -267,7 +268,8 @@ def prepare_colls(t: Tuning, choose, tasks: list[tuple]) -> tuple[list[int], lis
     order.  ``collTaskAppend`` puts each in the size sorter by its traffic (``ncclTaskCollSorterInsert``: bins of
     a quarter power of two, largest first, the last inserted first within a bin); the sorted tasks are binned by
     (function, op, type), each bin walked smallest first; tasks within 4x of a run's first are aggregated and one
-    ``ncclGetAlgoInfo`` (``choose``: bytes, numPipeOps -> algorithm, protocol, time) is made for their summed
+    ``ncclGetAlgoInfo`` (``choose``: bytes, numPipeOps -> algorithm, protocol, time, a tuner's channel count) is
+    made for their summed
     count, numPipeOps being the group's tasks per channel.  Returns the plan's order (indices into ``tasks``),
     the specs in that order, and the time of the last choice (``ncclSimInfo_t.estimatedTime``; None: no
     collective).  Count-0 tasks never reach the planner (``ncclEnqueueCheck`` returns first)."""

@@ -130,7 +130,8 @@ def fallbacks(args: list[str]) -> None:
 
 def tuned(args: list[str]) -> None:
     """No algorithm forced: the cpu tuner's registered rule.  Across nodes an AllReduce of 2 MiB or more whose
-    buffers are both registered plans Ring/Simple (the model alone: Tree/Simple) and runs the registered path
+    buffers are both registered plans Ring/Simple (the model alone: Tree/Simple), on one channel with more ranks than
+    cores, and runs the registered path
     (no NET FIFO byte written), bitwise NCCL's ring order; in place it still plans Ring (NCCL's regBuff), through
     the FIFOs; below 2 MiB, or unregistered, the model's Tree/Simple.  The same two arrays passed again pick up a
     registration made, or dropped, between the calls."""
@@ -143,6 +144,11 @@ def tuned(args: list[str]) -> None:
                  for c in (big, small) for reg in (False, True)}
         assert picks == {(big, False): ("Tree", "Simple"), (big, True): ("Ring", "Simple"),
                          (small, False): ("Tree", "Simple"), (small, True): ("Tree", "Simple")}, picks
+        # and with more ranks than cores (this machine), the registered ring on one channel of the two (its nChannels)
+        plan = comm.plan("AllReduce", big, f32, True)
+        one = comm.nranks > len(os.sched_getaffinity(0))
+        assert (plan.tuner_channels, plan.nchannels) == ((1, 1) if one else (0, 2)), \
+            (plan.tuner_channels, plan.nchannels)
         assert _one_call(comm, seed, "float32", "sum", big, False), "registered 4 MiB: NET FIFOs touched"
         assert not _one_call(comm, seed + 1, "float32", "sum", big, False, False, False)
         assert not _one_call(comm, seed + 2, "float32", "sum", small, False)  # Tree: FIFOs, registered or not

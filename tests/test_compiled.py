@@ -58,17 +58,19 @@ def test_compiled_tree_matches_readable(n, nodes, mixed, fan):
     assert max(fans) == fan, proc.stdout
 
 
-def test_oversubscribed_calls_of_256_kib_or_more_sleep_after_fewer_yields():
-    """``compiled.waits_for``: with more ranks than cores and no proxied connection, a call moving
+def test_crowded_calls_of_256_kib_or_more_sleep_after_fewer_yields():
+    """``compiled.waits_for``: with 4 ranks a core or more and no proxied connection, a call moving
     ``FEW_YIELDS_FROM`` bytes or more (its larger buffer) yields ``FEW_YIELDS`` times before it sleeps, a smaller one
-    ``YIELDS_BEFORE_SLEEP``; with a proxy, or a core each, the policy does not depend on the size."""
+    ``YIELDS_BEFORE_SLEEP``; under 4 ranks a core, with a proxy, or a core each, the policy does not depend on the
+    size."""
     few, many = compiled.FEW_YIELDS, compiled.YIELDS_BEFORE_SLEEP
-    assert compiled.FEW_YIELDS_FROM == 256 << 10 and few < many
-    assert compiled.waits_for(True, False, (256 << 10) - 1) == (2, compiled.SLEEPS_EACH, many)
-    assert compiled.waits_for(True, False, 256 << 10) == (2, compiled.SLEEPS_EACH, few)
-    assert compiled.waits_for(True, False, 128 << 20) == (2, compiled.SLEEPS_EACH, few)
+    assert compiled.FEW_YIELDS_FROM == 256 << 10 and few < many and compiled.FEW_YIELDS_RANKS_PER_CORE == 4
+    assert compiled.waits_for(True, False, (256 << 10) - 1, 4) == (2, compiled.SLEEPS_EACH, many)
+    assert compiled.waits_for(True, False, 256 << 10, 4) == (2, compiled.SLEEPS_EACH, few)
+    assert compiled.waits_for(True, False, 128 << 20, 6.5) == (2, compiled.SLEEPS_EACH, few)
+    assert compiled.waits_for(True, False, 128 << 20, 3.5) == (2, compiled.SLEEPS_EACH, many)
     for sleep, proxied in ((False, False), (False, True), (True, True)):
-        assert compiled.waits_for(sleep, proxied, 8) == compiled.waits_for(sleep, proxied, 128 << 20) == \
+        assert compiled.waits_for(sleep, proxied, 8, 4) == compiled.waits_for(sleep, proxied, 128 << 20, 4) == \
             compiled.WAITS[sleep, proxied]
 
 

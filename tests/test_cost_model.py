@@ -175,8 +175,8 @@ def test_the_cpu_tuner_prefers_ring_simple_for_registered_allreduces_across_node
 def test_the_cpu_tuner_runs_its_ring_rule_on_one_channel_below_64_mib():
     """``getCollInfo``'s nChannels (``ncclGetAlgoInfo``: a non-zero value replaces ``topoGetAlgoInfo``'s
     nMaxChannels): where ``cpu_tuner``'s ring rule sets Ring/Simple (across nodes, from 2 MiB, registered or several
-    ranks a node) below ``RING_ONE_CHANNEL_BELOW`` (64 MiB) it asks one channel; at 64 MiB and above, and wherever
-    the rule does not fire, 0 (NCCL's own count)."""
+    ranks a node) below ``RING_ONE_CHANNEL_BELOW`` (64 MiB), with more ranks than cores, it asks one channel; at 64
+    MiB and above, with a core a rank, and wherever the rule does not fire, 0 (NCCL's own count)."""
     sizes = ((2 << 20) - 1, 2 << 20, 32 << 20, (64 << 20) - 1, 64 << 20, 128 << 20)
     for nodes, reg in ((4, True), (2, True), (2, False)):
         m = CostModel(cpu_lab(4, nodes, oversubscribed=True))
@@ -186,7 +186,9 @@ def test_the_cpu_tuner_runs_its_ring_rule_on_one_channel_below_64_mib():
     assert CostModel(cpu_lab(4, 4), algo_env="Tree").choose("AllReduce", 4 << 20, reg_buff=True).n_channels == 0
     assert CostModel(cpu_lab(4, 4, tuner=False)).choose("AllReduce", 4 << 20, reg_buff=True).n_channels == 0
     assert CostModel(cpu_lab(4, oversubscribed=True)).choose("AllReduce", 4096).n_channels == 0  # the one-node rule
-    assert "one channel below 64 MiB" in CostModel(cpu_lab(4, 2)).m.tuner.describe()
+    assert CostModel(cpu_lab(4, 2)).choose("AllReduce", 4 << 20).n_channels == 0  # a core a rank: not measured
+    assert "one channel below 64 MiB" in CostModel(cpu_lab(4, 2, oversubscribed=True)).m.tuner.describe()
+    assert "one channel" not in CostModel(cpu_lab(4, 2)).m.tuner.describe()
 
 
 def test_a_tuned_channel_count_reaches_the_plan_and_the_reference():

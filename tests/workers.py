@@ -303,12 +303,12 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
     return best
 
 
-def _cpu_tuner_channels(func: str, nbytes: int, n: int, nodes: int, protos: set | None) -> int:
+def _cpu_tuner_channels(func: str, nbytes: int, n: int, nodes: int, protos: set | None, oversubscribed: bool) -> int:
     """The lab's tuner plugin's nChannels, written again: across nodes of several ranks (buffers unregistered
-    here), an AllReduce its ring rule sets to Ring/Simple (2 MiB or more) runs on one channel below 64 MiB; else 0
-    (NCCL's own count)."""
+    here), with more ranks than cores, an AllReduce its ring rule sets to Ring/Simple (2 MiB or more) runs on one
+    channel below 64 MiB; else 0 (NCCL's own count)."""
     simple = protos is None or "Simple" in protos
-    return int(1 < nodes < n and func == "AllReduce" and 2 << 20 <= nbytes < 64 << 20 and simple)
+    return int(oversubscribed and 1 < nodes < n and func == "AllReduce" and 2 << 20 <= nbytes < 64 << 20 and simple)
 
 
 def auto_choice(args: list[str]) -> None:
@@ -326,7 +326,7 @@ def auto_choice(args: list[str]) -> None:
                 plan = comm.plan(func, count, np.float32)
                 want = _nccl_cpu_choice(func, 4 * count * mult, comm.nranks, nodes, 1, protos, oversubscribed)
                 assert (plan.algo, plan.proto) == want, (func, count, plan.algo, plan.proto, want)
-                tuned = _cpu_tuner_channels(func, 4 * count * mult, comm.nranks, nodes, protos)
+                tuned = _cpu_tuner_channels(func, 4 * count * mult, comm.nranks, nodes, protos, oversubscribed)
                 assert plan.tuner_channels == tuned and (not tuned or plan.nchannels == 1), \
                     (func, count, plan.tuner_channels, plan.nchannels, tuned)
                 chosen.add(plan.proto)

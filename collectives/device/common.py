@@ -57,6 +57,7 @@ class Kernel:
         self.rank, self.op_count, self.func = rank, op_count, func
         self.suspects, self.warn = suspects, warn
         self.sleep = oversubscribed and futex.AVAILABLE
+        self.ranks_per_core = 1.0  # the ranks on this machine over its cores (the compiled waits read it)
         self.tracer = None
         self.progress = 0
         self.wait_state: dict[tuple, tuple] = {}

@@ -314,7 +314,8 @@ YIELDS_BEFORE_SLEEP, SLEEPS_EACH = 1000, 50
 # proxy it waits inside (see above); otherwise it spins 4096 rounds, then lets Kernel.run wait.
 WAITS = {(False, False): (4096, 0, 0), (True, False): (2, SLEEPS_EACH, YIELDS_BEFORE_SLEEP),
          (False, True): (2, 0, 0), (True, True): (2, 0, 0)}
-# ... but a call moving FEW_YIELDS_FROM bytes or more sleeps after FEW_YIELDS yields.  A yield gives the core to a
+# ... but with FEW_YIELDS_RANKS_PER_CORE ranks a core or more, a call moving FEW_YIELDS_FROM bytes or more sleeps
+# after FEW_YIELDS yields.  A yield gives the core to a
 # peer only if the scheduler finds one eligible (EEVDF: one that has not run ahead of its share), so a rank waiting
 # on a peer that has used its share spins in yields while that peer waits for the core.  Measured at n = 8 on 2
 # cores (3 policies in the same processes beside MPI's Allreduce, 7 alternating rounds, 2026-12-07,
@@ -324,13 +325,16 @@ WAITS = {(False, False): (4096, 0, 0), (True, False): (2, SLEEPS_EACH, YIELDS_BE
 #   256 KiB  396 / 426 / 404      1159 / 993 / 1051
 #   2 MiB    1494 / 1492 / 1505   5541 / 5238 / 4441
 #   16 MiB   16057 / 11528 / 11745   51470 / 40227 / 31651
-FEW_YIELDS_FROM, FEW_YIELDS = 256 << 10, 30
+# At n = 4 and n = 3 (2 and 1.5 ranks a core) 30 yields were no better (256 KiB to 16 MiB within 4% in two runs of
+# three, 16 MiB 6.6 against 5.0 ms in the third), so fewer yields only from 4 ranks a core, where they were measured.
+FEW_YIELDS_FROM, FEW_YIELDS, FEW_YIELDS_RANKS_PER_CORE = 256 << 10, 30, 4
 _FEW = (2, SLEEPS_EACH, FEW_YIELDS)
 
 
-def waits_for(sleep: bool, proxied: bool, nbytes: int) -> tuple:
-    """The wait policy (``WAITS``) of a call whose larger buffer is ``nbytes`` long."""
-    if sleep and not proxied and nbytes >= FEW_YIELDS_FROM:
+def waits_for(sleep: bool, proxied: bool, nbytes: int, ranks_per_core: float = 1.0) -> tuple:
+    """The wait policy (``WAITS``) of a call whose larger buffer is ``nbytes`` long, ``ranks_per_core`` ranks
+    sharing each core of this machine."""
+    if sleep and not proxied and nbytes >= FEW_YIELDS_FROM and ranks_per_core >= FEW_YIELDS_RANKS_PER_CORE:
         return _FEW
     return WAITS[sleep, proxied]
 
@@ -338,7 +342,8 @@ def waits_for(sleep: bool, proxied: bool, nbytes: int) -> tuple:
 def run(kernel, compiled: Compiled, inp: np.ndarray, out: np.ndarray, sig: np.ndarray) -> None:
     """The kernel for one compiled call.  Most calls end in the first try; a blocked one lets ``Kernel.run`` wait
     between tries (yield or sleep, check the peers and the deadline, write the hang report)."""
-    status = compiled.run(inp, out, sig, waits_for(kernel.sleep, kernel.poll is not None, max(inp.nbytes, out.nbytes)))
+    waits = waits_for(kernel.sleep, kernel.poll is not None, max(inp.nbytes, out.nbytes), kernel.ranks_per_core)
+    status = compiled.run(inp, out, sig, waits)
     if status != DONE:  # (after SLEEPS_EACH sleeps) yield at once, sleep after 30 rounds
         kernel.run([_resume(kernel, compiled, inp, out, status)], *((0, 30) if kernel.sleep else ()))
 

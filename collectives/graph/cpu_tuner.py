@@ -32,9 +32,9 @@ step between nodes 860 us where a node has several ranks (``hw_latencies[NET][RI
 crossover to 8 MiB.  So the rule also applies there without registration; at one rank a node (4 x 1, where the
 ring's NET steps are charged the tree's 360 us) the unregistered picks were within 15% and stay the model's.
 
-Where that ring rule fires it also returns ``getCollInfo``'s ``nChannels`` (NCCL's example tuner's ``channels``
-column): one channel below ``RING_ONE_CHANNEL_BELOW`` bytes, where ``ncclGetAlgoInfo`` then replaces the
-nMaxChannels ``topoGetAlgoInfo`` derived (two here, the communicator's).  With four ranks on two cores, a second
+Where that ring rule fires with more ranks than cores it also returns ``getCollInfo``'s ``nChannels`` (NCCL's
+example tuner's ``channels`` column): one channel below ``RING_ONE_CHANNEL_BELOW`` bytes, where
+``ncclGetAlgoInfo`` then replaces the nMaxChannels ``topoGetAlgoInfo`` derived (two here, the communicator's).  With four ranks on two cores, a second
 channel halves every NET message and doubles the sockets each rank serves, without a core to run it on.  Measured
 with both communicators in the same processes (the communicator's two channels against ``NCCL_MAX_NCHANNELS=1``, 5
 alternating rounds, 2026-12-07, docs/measured.md), one channel's time against two: 4 x 1 registered 0.77-0.90x from
@@ -70,16 +70,18 @@ class CpuTuner:
     def __init__(self, nnodes: int = 1, oversubscribed: bool = False, ranks_per_node: float = 1.0):
         """``oversubscribed``: more ranks on this machine than cores (the communicator's count, emulated nodes
         included); that rule is for one node only, since across nodes the NET steps dominate (the preset's NET
-        row); the ring rule is for several nodes only, registered or with several ranks a node."""
+        row); the ring rule is for several nodes only, registered or with several ranks a node, and asks one
+        channel only when oversubscribed (where it was measured)."""
         self.active = nnodes == 1 and oversubscribed
         self.across = nnodes > 1
         self.shared_nodes = nnodes > 1 and ranks_per_node > 1
+        self.one_channel = nnodes > 1 and oversubscribed
 
     def get_coll_info(self, func: str, nbytes: int, table: dict, reg_buff: bool = False) -> int:
         """``getCollInfo``: prefer Tree/Simple or Ring/Simple where a rule applies and the table has it (NCCL_ALGO
         and NCCL_PROTO still decide: a disabled entry stays -1).  ``reg_buff``: NCCL's ``regBuff``, both buffers
         registered.  Returns its ``nChannels``: 1 where the ring rule set Ring/Simple below
-        ``RING_ONE_CHANNEL_BELOW``, else 0 (NCCL keeps its own count)."""
+        ``RING_ONE_CHANNEL_BELOW`` with more ranks than cores, else 0 (NCCL keeps its own count)."""
         if func != "AllReduce":
             return 0
         if self.active and TREE_SIMPLE_FROM <= nbytes <= TREE_SIMPLE_TO:
@@ -91,7 +93,7 @@ class CpuTuner:
         if table.get(pick, -1.0) < 0:
             return 0
         table[pick] = 0.0
-        return 1 if pick == ("Ring", "Simple") and nbytes < RING_ONE_CHANNEL_BELOW else 0
+        return int(self.one_channel and pick == ("Ring", "Simple") and nbytes < RING_ONE_CHANNEL_BELOW)
 
     def describe(self) -> str:
         """The INFO line NCCL's plugins print when they load, with the rule in force."""
@@ -105,6 +107,6 @@ class CpuTuner:
                     f"nodes)")
         else:
             rule = "the cpu preset's constants only"
-        if self.across:
+        if self.one_channel:
             rule += f", one channel below {RING_ONE_CHANNEL_BELOW >> 20} MiB"
         return f"TUNER/Plugin: Using {self.name}: {rule}"
