@@ -58,6 +58,26 @@ def test_compiled_tree_matches_readable(n, nodes, mixed, fan):
     assert max(fans) == fan, proc.stdout
 
 
+def test_kernel_caches_are_stamped_with_every_source_they_are_built_from(tmp_path):
+    """``kernel_cache``: numba stamps a cached function with a hash of its own file only, so a kernel that inlines
+    ``compiled_common``'s helpers kept stale code when only that file changed.  The kernels' entries carry a hash of
+    all of ``SOURCES``, which follows every file's content; other cached functions keep numba's stamp."""
+    import os
+    from collectives import api
+    from collectives.device import kernel_cache, ll_compiled, ll_kernels, simple_compiled
+    assert os.path.abspath(compiled_common.__file__) in kernel_cache.SOURCES
+    for fn in (ll_compiled.run_ops, simple_compiled.run_ops, compiled_common.reduce, ll_kernels.ll128_pack):
+        assert fn._cache._impl.locator.get_source_stamp() == kernel_cache.sources_stamp(), fn
+    assert api._host_starts._cache._impl.locator.get_source_stamp() != kernel_cache.sources_stamp()
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text("x = 1\n")
+    b.write_text("y = 2\n")
+    before = kernel_cache.sources_stamp((str(a), str(b)))
+    assert kernel_cache.sources_stamp((str(a), str(b))) == before
+    b.write_text("y = 20\n")
+    assert kernel_cache.sources_stamp((str(a), str(b))) != before
+
+
 def test_crowded_calls_of_256_kib_or_more_sleep_after_fewer_yields():
     """``compiled.waits_for``: with 4 ranks a core or more and no proxied connection, a call moving
     ``FEW_YIELDS_FROM`` bytes or more (its larger buffer) yields ``FEW_YIELDS`` times before it sleeps, a smaller one

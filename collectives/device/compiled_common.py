@@ -16,6 +16,10 @@ from numba.extending import intrinsic
 
 from collectives.misc import futex
 
+from . import kernel_cache
+
+kernel_cache.install()  # before the first cached function: its stamp covers every file the kernels are built from
+
 # Columns of one recorded call.
 REC, SND, SRC, DST, NELEM, FROM_OUT, PRIM = range(7)
 # The header.  SIG takes 6 words: [opCount + 1, function, count, datatype, op, root]; SLEEPS and YIELDS: with more

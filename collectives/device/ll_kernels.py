@@ -18,6 +18,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from . import kernel_cache
+
+kernel_cache.install()  # before the first cached function: its stamp covers every file the kernels are built from
+
 # LL128 intra-slice layout: 32 lanes x 8 words per "wire slice" (2048 B = 16 lines) carrying 240 data words
 # (1920 B).  Lane w stores, for g = 0..3, the word pair at wire word g*64 + 2w; the flag lane (w % 8 == 7) stores
 # only one data word there, its other word being the flag.  Data chunk (16 B) of lane w in group g is
