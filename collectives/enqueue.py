@@ -164,8 +164,7 @@ def schedule_colls(t: Tuning, specs: list[CollSpec]) -> list[Plan]:
     counts).  Where we differ on purpose: no work budget (a plan never overflows here), no CollNet or NVLS kinds."""
     comm_channels, n = t.nchannels, t.nranks
     specs = [s if s.func not in ("AllGather", "Broadcast") else  # NCCL retypes them as int8 (collTaskAppend)
-             CollSpec(s.func, s.count * s.elt_size, 1, s.algo, s.proto, s.n_max_channels, s.n_warps,
-                      s.tuner_channels) for s in specs]
+             replace(s, count=s.count * s.elt_size, elt_size=1) for s in specs]
 
     def tpb(s: CollSpec) -> int:
         return traffic_per_byte(s.func, n) * (4 if PROTOCOLS[s.proto] is LL else 1)
@@ -248,9 +247,9 @@ def _cbd_parts(count: int, elt_size: int, tpb: int, traffic_per_channel: int, ch
 
 def plan_coll(t: Tuning, choose, func: str, count: int, elt_size: int, reg_buff: bool = False) -> Plan:
     """``func`` of ``count`` elements planned as ``ncclPrepareTasks`` does: ``choose`` (the cost model's
-    ``CostModel.choose``: bytes -> algorithm, protocol, predicted time, a tuner's channel count) picks for ``ncclFuncMaxSendRecvCount``'s
-    bytes, told ``reg_buff`` (``ncclGetAlgoInfo``'s ``regBuff`` for a tuner plugin: both buffers registered), then
-    ``schedule_coll`` splits the call into channels and chunks."""
+    ``CostModel.choose``: bytes -> algorithm, protocol, predicted time, a tuner's channel count) picks for
+    ``ncclFuncMaxSendRecvCount``'s bytes, told ``reg_buff`` (``ncclGetAlgoInfo``'s ``regBuff`` for a tuner plugin: both
+    buffers registered), then ``schedule_coll`` splits the call into channels and chunks."""
     nbytes = elt_size * max_send_recv_count(func, t.nranks, count)
     algo, proto, predicted, tuner_channels = choose(func, nbytes, 1, reg_buff)
     if debug.enabled("TRACE", "COLL"):  # topoGetAlgoInfo prints the ids
@@ -264,14 +263,13 @@ SORTER_BINS = 1 + (SORTER_MAX_LOG2 - SORTER_UNIT_LOG2) * (1 << SORTER_BITS_PER_P
 
 
 def prepare_colls(t: Tuning, choose, tasks: list[tuple]) -> tuple[list[int], list[CollSpec], float | None]:
-    """``ncclPrepareTasks`` for a group's collectives, ``tasks`` as (func, count, elt_size, op, dtype) in call
-    order.  ``collTaskAppend`` puts each in the size sorter by its traffic (``ncclTaskCollSorterInsert``: bins of
-    a quarter power of two, largest first, the last inserted first within a bin); the sorted tasks are binned by
-    (function, op, type), each bin walked smallest first; tasks within 4x of a run's first are aggregated and one
-    ``ncclGetAlgoInfo`` (``choose``: bytes, numPipeOps -> algorithm, protocol, time, a tuner's channel count) is
-    made for their summed
-    count, numPipeOps being the group's tasks per channel.  Returns the plan's order (indices into ``tasks``),
-    the specs in that order, and the time of the last choice (``ncclSimInfo_t.estimatedTime``; None: no
+    """``ncclPrepareTasks`` for a group's collectives, ``tasks`` as (func, count, elt_size, op, dtype) in call order.
+    ``collTaskAppend`` puts each in the size sorter by its traffic (``ncclTaskCollSorterInsert``: bins of a quarter
+    power of two, largest first, the last inserted first within a bin); the sorted tasks are binned by (function, op,
+    type), each bin walked smallest first; tasks within 4x of a run's first are aggregated and one ``ncclGetAlgoInfo``
+    (``choose``: bytes, numPipeOps -> algorithm, protocol, time, a tuner's channel count) is made for their summed
+    count, numPipeOps being the group's tasks per channel.  Returns the plan's order (indices into ``tasks``), the
+    specs in that order, and the time of the last choice (``ncclSimInfo_t.estimatedTime``; None: no
     collective).  Count-0 tasks never reach the planner (``ncclEnqueueCheck`` returns first)."""
     n = t.nranks
     live = [i for i, task in enumerate(tasks) if task[1]]

@@ -315,9 +315,9 @@ YIELDS_BEFORE_SLEEP, SLEEPS_EACH = 1000, 50
 WAITS = {(False, False): (4096, 0, 0), (True, False): (2, SLEEPS_EACH, YIELDS_BEFORE_SLEEP),
          (False, True): (2, 0, 0), (True, True): (2, 0, 0)}
 # ... but with FEW_YIELDS_RANKS_PER_CORE ranks a core or more, a call moving FEW_YIELDS_FROM bytes or more sleeps
-# after FEW_YIELDS yields.  A yield gives the core to a
-# peer only if the scheduler finds one eligible (EEVDF: one that has not run ahead of its share), so a rank waiting
-# on a peer that has used its share spins in yields while that peer waits for the core.  Measured at n = 8 on 2
+# after FEW_YIELDS yields.  A yield gives the core to a peer only if the scheduler finds one eligible (EEVDF: one
+# that has not run ahead of its share), so a rank waiting on a peer that has used its share spins in yields while
+# that peer waits for the core.  Measured at n = 8 on 2
 # cores (3 policies in the same processes beside MPI's Allreduce, 7 alternating rounds, 2026-12-07,
 # docs/measured.md), 1000 / 100 / 30 yields, us per call, in a run where ours ran as usual, then in one where the
 # machine was in its slow state:

@@ -60,8 +60,8 @@ class _KernelStamp:
 
 def install() -> None:
     """Put the kernels' locators first in numba's list (once; each kernel module calls it before its first cached
-    function).  A numba without that list keeps its own (the
-    cache then goes stale as described above, as before)."""
+    function).  A numba without that list keeps its own (the cache then goes stale as described above, as
+    before)."""
     impl = getattr(caching, "CacheImpl", None) or getattr(caching, "_CacheImpl", None)  # the name before numba 0.60
     classes = getattr(impl, "_locator_classes", None)
     if classes is None or any(issubclass(c, _KernelStamp) for c in classes):

@@ -34,8 +34,9 @@ ring's NET steps are charged the tree's 360 us) the unregistered picks were with
 
 Where that ring rule fires with more ranks than cores it also returns ``getCollInfo``'s ``nChannels`` (NCCL's
 example tuner's ``channels`` column): one channel below ``RING_ONE_CHANNEL_BELOW`` bytes, where
-``ncclGetAlgoInfo`` then replaces the nMaxChannels ``topoGetAlgoInfo`` derived (two here, the communicator's).  With four ranks on two cores, a second
-channel halves every NET message and doubles the sockets each rank serves, without a core to run it on.  Measured
+``ncclGetAlgoInfo`` then replaces the nMaxChannels ``topoGetAlgoInfo`` derived (two here, the communicator's).  With
+four ranks on two cores, a second channel halves every NET message and doubles the sockets each rank serves, without
+a core to run it on.  Measured
 with both communicators in the same processes (the communicator's two channels against ``NCCL_MAX_NCHANNELS=1``, 5
 alternating rounds, 2026-12-07, docs/measured.md), one channel's time against two: 4 x 1 registered 0.77-0.90x from
 2 to 8 MiB (two runs), 0.91-0.93x at 16 MiB, 0.94-1.0x at 32 MiB, 1.01x at 64 MiB and 1.10-1.11x at 128 MiB; 2 x 2

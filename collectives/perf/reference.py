@@ -139,11 +139,9 @@ def channel_parts(func: str, count: int, elt: int, nranks: int, nchannels: int, 
     moved = count * elt * (nranks if func in ("AllGather", "ReduceScatter") else 1)
     nthreads = threads or _threads(proto, algo, search_channels)
     threshold = {"Simple": 64, "LL128": 8, "LL": 8 * nranks if algo == "Ring" else 8}[proto]
-    usable = nchannels
-    while usable > 1 and moved < usable * nthreads * threshold:
+    usable = min(max_channels, nchannels) if max_channels else nchannels
+    while not max_channels and usable > 1 and moved < usable * nthreads * threshold:
         usable -= 1
-    if max_channels:
-        usable = min(max_channels, nchannels)
     if proto == "LL":
         per_byte *= 4
     if tuple(nccl_version) < (2, 29):
