@@ -117,7 +117,8 @@ PEERS = {  # side-by-side benchmark -> its peer's column name in the printed hea
     "allreduce_vs_gloo": ("gloo", "Gloo `all_reduce`"),
 }
 # columns after the ratio, and the row label of the --json series past the first two (allreduce_vs_gloo's floor)
-EXTRA = {"allreduce_vs_gloo": (["tcp", "us", "tcp", "busbw"], ["a ring's bytes alone over loopback TCP"])}
+EXTRA = {"allreduce_vs_gloo": (["tcp", "us", "tcp", "busbw"], ["a ring's bytes alone over loopback TCP"]),
+         "allreduce_vs_mpi": (["xcore", "GB/s"], [])}  # core_probe.py's column: the machine's state, not a series
 
 
 def bench_label(name: str, path: str) -> str:

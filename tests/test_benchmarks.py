@@ -40,11 +40,14 @@ TINY = {
                              r"-> NOT met \(not measured\)$"),
     "allreduce_vs_mpi.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "4K", "-f", "8", "-n", "3", "--rounds", "1",
                                                     "--json", "{out}/mpi.json"],
-                            ROW + r"Ring/\w+\s+[\d.]+\s+[\d.]+\s+[\d.]+(?s:.*)"
+                            r"^#\s+size .* lab/mpi xcore GB/s$\n" + ROW + r"Ring/\w+(?:\s+[\d.]+){6}\s*$(?s:.*)"
                             r"^# check .*NCCL's order: 0 wrong$\n"
                             r"^# goal n=2 vs MPI: 8 B time within 2x of MPI's: .* = [\d.]+x -> " + VERDICT + r"\n"
                             r"^# goal n=2 vs MPI: busbw >= 1.0x at 4 KiB to 128 MiB: lowest [\d.]+x at 4096 B -> "
-                            + VERDICT),
+                            r"(?:met|NOT met \(cross-core read at 4096 B: [\d.]+ GB/s, this run's highest [\d.]+ "
+                            r"GB/s\))$"),
+    "core_probe.py": (["mpirun", "-n", "2"], ["--reps", "2"],
+                      r"^# cross-core read of 2097152 B just written by the other rank: [\d.]+ GB/s$"),
     "latency.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "8", "--rounds", "1", "-n", "2"],
                    ROW + r"(?:[\d.]+\s+){4}[\d.]+(?s:.*)^# check: every protocol bitwise .*: 0 wrong$\n"
                    r"^# wire floor \(wire_floor.py: .*\): LL [\d.]+ us, LL128 [\d.]+ us, Simple [\d.]+ us$\n"
@@ -165,6 +168,40 @@ def test_gloo_goal_gives_both_sides_cpu_where_ours_is_cpu_bound():
     assert goals("4 x 1", lab, gloo, None) == [ln.split(" (at ")[0] for ln in lines]  # not measured: none
     met = goals("4 x 1", [dict(p, busbw=5.0) for p in lab], gloo, None, ranks_per_core=2.0)
     assert all(ln.endswith("-> met") for ln in met), met
+
+
+def test_mpi_goal_gives_the_machines_state_where_it_is_not_met():
+    """A one-node busbw goal NOT met says what ``core_probe.py`` read at its lowest-ratio size and at its best in
+    the run (how fast a core reads what the other has just written: the state the VM was in); a met goal, or a
+    run without the probe, adds nothing."""
+    sys.path.insert(0, str(BENCH))
+    from allreduce_vs_mpi import goals
+    pt = lambda size, bw, us=1.0: {"size": size, "busbw": bw, "time_us": us}  # noqa: E731
+    lab = [pt(8, 0.0, 3.0), pt(4 << 10, 1.2), pt(2 << 20, 2.0), pt(16 << 20, 1.8)]
+    mpi = [pt(8, 0.0, 2.0), pt(4 << 10, 1.0), pt(2 << 20, 1.0), pt(16 << 20, 2.0)]
+    xcore = {8: 44.0, 4 << 10: 43.5, 2 << 20: 41.0, 16 << 20: 23.6}
+    lines = goals(2, lab, mpi, xcore)
+    assert lines[0].endswith("= 1.50x -> met"), lines
+    for line in lines[1:]:  # both bands' lowest ratio is 0.90x at 16 MiB
+        assert line.endswith("lowest 0.90x at 16777216 B -> NOT met (cross-core read at 16777216 B: 23.6 GB/s, "
+                             "this run's highest 44.0 GB/s)"), line
+    assert goals(2, lab, mpi) == [line.split(" (cross-core")[0] for line in lines]
+    met = goals(2, [dict(p, busbw=9.0) for p in lab], mpi, xcore)
+    assert all(line.endswith("-> met") for line in met), met
+
+
+def test_core_probe_leaves_nothing_in_dev_shm_and_reads_from_every_rank_count():
+    """The probe's segment is unlinked as soon as both ranks have mapped it; with more ranks than the pair the
+    others wait off the cores and every rank gets the same figure."""
+    if MPIRUN is None:
+        pytest.skip("mpirun not found (pip install mpich)")
+    before = set(os.listdir("/dev/shm"))
+    proc = subprocess.run([MPIRUN, "-n", "3", sys.executable, str(BENCH / "core_probe.py"), "--reps", "2",
+                           "--bytes", "65536"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert re.search(r"^# cross-core read of 65536 B just written by the other rank: [\d.]+ GB/s$", proc.stdout,
+                     re.M), proc.stdout
+    assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("nccllab-probe")}
 
 
 def test_tuning_flags_a_size_only_when_the_faster_pair_is_faster_again_timed_alone():
