@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives  # noqa: E402
 from collectives.job import node_hostid  # noqa: E402
 from collectives.perf.args import sizes  # noqa: E402
-from checks import CHECK_MAX, busbw_goals, close_wrong, inputs_for, lab_wrong, lowest_ratio  # noqa: E402
+from checks import CHECK_MAX, busbw_goals, close_wrong, floor_note, inputs_for, lab_wrong, lowest_ratio  # noqa: E402
 from tcp_floor import TcpRing  # noqa: E402
 from timing import add_side_by_side_args, allreduce_point, iters_for, timed_rounds  # noqa: E402
 
@@ -86,12 +86,7 @@ def goals(shape: str, lab: list, gloo: list, floor: list | None = None,
         if not lines[i].endswith("NOT met"):
             continue
         if floor:
-            under = [(f["size"], f["busbw"] / g["busbw"]) for f, g in zip(floor, gloo)
-                     if lo <= f["size"] <= hi and g["busbw"] and f["busbw"] / g["busbw"] < want]
-            if under:
-                size, ratio = min(under, key=lambda u: u[1])
-                lines[i] += (f" (floor: at {size} B a ring's bytes alone over loopback TCP reach {ratio:.2f}x Gloo's "
-                             f"busbw, under the {want:.1f}x asked)")
+            lines[i] += floor_note(floor, gloo, lo, hi, want, "a ring's bytes alone over loopback TCP", "Gloo")
         if ranks_per_core:
             lines[i] += cpu_note(lab, gloo, lo, hi, ranks_per_core)
     return lines

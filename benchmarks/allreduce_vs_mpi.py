@@ -10,7 +10,11 @@ to 16 MiB, ours is checked bitwise against NCCL's summation order (``checks.lab_
 the run.  Rank 0 ends with issue 27's one-node goals, one line each, met or NOT met.  The last column is the
 machine's state at that size (``core_probe.py``: how fast one core reads 2 MiB the other has just written, before
 and after the size's rounds, their mean); a busbw goal NOT met gives it at its lowest-ratio size beside the run's
-highest.
+highest.  From ``FIFO_FROM`` up, a third side is timed in the same rounds, the floor under ours: two ring AllGathers
+of a rank's share, which move a ring AllReduce's 2(n-1)/n of the message per rank through the same SHM FIFOs,
+connections and compiled kernel, with no reduction (columns ``fifo us``/``fifo busbw``); a busbw goal NOT met
+says where even that floor stays under the ratio asked (``checks.floor_note``), as ``allreduce_vs_gloo.py`` does
+with its TCP floor.
 """
 from __future__ import annotations
 
@@ -22,20 +26,23 @@ from mpi4py import MPI
 
 import collectives
 from collectives.perf.args import sizes
-from checks import CHECK_MAX, busbw_goals, lab_wrong, lowest_ratio, verdict
+from checks import CHECK_MAX, busbw_goals, floor_note, lab_wrong, lowest_ratio, verdict
 from core_probe import CoreProbe
 from timing import add_side_by_side_args, allreduce_point, iters_for, timed_rounds
 
 
 
 BANDS = [("4 KiB to 128 MiB", 1.0, 4 << 10, 128 << 20), (">= 2 MiB", 1.5, 2 << 20, 128 << 20)]
+FIFO_FROM = 256 << 10  # the FIFO floor from here (Ring/Simple's sizes on one node; below, trees and latency decide)
+FIFO_FLOOR = "a ring's bytes alone through our SHM FIFO"
 
 
-def goals(n: int, lab: list, mpi: list, xcore: dict | None = None) -> list[str]:
+def goals(n: int, lab: list, mpi: list, xcore: dict | None = None, fifo: list | None = None) -> list[str]:
     """Issue 27's one-node goals from the rows just printed (n = 2, 4, 8 alike): lab/MPI busbw at least 1.0x at every
     size from 4 KiB to 128 MiB and at least 1.5x at 2 MiB and above; the 8-byte time within 2x of MPICH's.  With
     ``xcore`` ({size: GB/s}, the probe's column), a busbw line NOT met says what the probe read at its lowest-ratio
-    size and at its best in the run: the state the machine was in when the goal was missed."""
+    size and at its best in the run: the state the machine was in when the goal was missed.  With ``fifo`` (the
+    floor's points), it first says where the ring's bytes alone through our FIFO stay under the ratio asked."""
     lines = []
     small = [(a, b) for a, b in zip(lab, mpi) if a["size"] == 8]
     if small:
@@ -44,6 +51,8 @@ def goals(n: int, lab: list, mpi: list, xcore: dict | None = None) -> list[str]:
                      f"{small[0][1]['time_us']:.1f} us = {ratio:.2f}x -> {verdict(ratio <= 2.0)}")
     for line, (_, want, lo, hi) in zip(busbw_goals(f"n={n} vs MPI", lab, mpi, BANDS), BANDS):
         low = lowest_ratio(lab, mpi, lo, hi)
+        if fifo and low is not None and low[2] < want:
+            line += floor_note(fifo, mpi, lo, hi, want, FIFO_FLOOR, "MPICH")
         if xcore and low is not None and low[2] < want and low[0]["size"] in xcore:
             line += (f" (cross-core read at {low[0]['size']} B: {xcore[low[0]['size']]:.1f} GB/s, this run's "
                      f"highest {max(xcore.values()):.1f} GB/s)")
@@ -56,7 +65,7 @@ def main() -> int:
     add_side_by_side_args(p, "256M", 2, 200)
     p.add_argument("--json", help="write both curves as series files for `python -m visualize curves`")
     a = p.parse_args()
-    lab_pts, mpi_pts, algos, wrong, xcore = [], [], set(), 0, {}
+    lab_pts, mpi_pts, fifo_pts, algos, wrong, xcore = [], [], [], set(), 0, {}
     world = MPI.COMM_WORLD
     n = world.size
     probe = CoreProbe(world)
@@ -65,30 +74,39 @@ def main() -> int:
             print(f"# AllReduce float32 sum, n={n}, nchannels={comm.nchannels}: nccl-lab (the cost model's algorithm "
                   f"and protocol) vs MPI ({MPI.Get_library_version().splitlines()[0].strip()})")
             print(f"# {'size':>10} {'algo/proto':>12} {'lab us':>10} {'lab busbw':>10} {'mpi us':>10} {'mpi busbw':>10} "
-                  f"{'lab/mpi':>8} {'xcore GB/s':>10}")
+                  f"{'lab/mpi':>8} {'fifo us':>10} {'fifo busbw':>10} {'xcore GB/s':>10}")
         for size in sizes(a):
             x = np.random.default_rng(comm.rank).uniform(-1, 1, size // 4).astype(np.float32)
             out, mout = np.empty_like(x), np.empty_like(x)
             iters = iters_for(size, 200, a.iters)
+            sides = {"lab": lambda: comm.all_reduce(x, out=out), "mpi": lambda: world.Allreduce(x, mout)}
+            if size >= FIFO_FROM:  # the floor: a rank's share gathered twice, the ring's bytes with no reduction
+                share = x[:x.size // n].copy()
+                gathered = np.empty(share.size * n, np.float32)
+                sides["fifo"] = lambda: (comm.all_gather(share, out=gathered), comm.all_gather(share, out=gathered))
             before = probe()
-            t = timed_rounds({"lab": lambda: comm.all_reduce(x, out=out), "mpi": lambda: world.Allreduce(x, mout)},
-                             iters, world, a.rounds, warmup=a.warmup_iters)
+            t = timed_rounds(sides, iters, world, a.rounds, warmup=a.warmup_iters)
             t_lab, t_mpi = t["lab"], t["mpi"]
             xcore[size] = (before + probe()) / 2
             if size <= CHECK_MAX:
                 wrong += lab_wrong(comm, world, size, seed=size)
             if comm.rank == 0:
                 lab, mpi = allreduce_point(size, t_lab, n), allreduce_point(size, t_mpi, n)
+                floor = f"{'-':>10} {'-':>10}"
+                if "fifo" in t:
+                    fifo_pts.append(allreduce_point(size, t["fifo"], n))
+                    floor = f"{fifo_pts[-1]['time_us']:>10.1f} {fifo_pts[-1]['busbw']:>10.2f}"
                 bl, bm = lab["busbw"], mpi["busbw"]
                 plan = comm.plan("AllReduce", x.size, x.dtype)
                 algos.add(plan.algo)
                 print(f"  {size:>10} {plan.algo + '/' + plan.proto:>12} {t_lab * 1e6:>10.1f} {bl:>10.2f} "
-                      f"{t_mpi * 1e6:>10.1f} {bm:>10.2f} {bl / bm if bm else 0:>8.2f} {xcore[size]:>10.1f}", flush=True)
+                      f"{t_mpi * 1e6:>10.1f} {bm:>10.2f} {bl / bm if bm else 0:>8.2f} {floor} {xcore[size]:>10.1f}",
+                      flush=True)
                 lab_pts.append(lab)
                 mpi_pts.append(mpi)
         if comm.rank == 0:
             print(f"# check (sizes up to {CHECK_MAX >> 20} MiB): lab bitwise against NCCL's order: {wrong} wrong")
-            for line in goals(n, lab_pts, mpi_pts, xcore):
+            for line in goals(n, lab_pts, mpi_pts, xcore, fifo_pts):
                 print(line)
         if a.json and comm.rank == 0:
             import json

@@ -58,6 +58,19 @@ def lowest_ratio(lab: list, peer: list, lo: int, hi: int) -> tuple[dict, dict, f
     return min(pts, key=lambda p: p[2]) if pts else None
 
 
+def floor_note(floor: list, peer: list, lo: int, hi: int, want: float, what: str, peer_name: str) -> str:
+    """What a goal NOT met adds when a floor measured beside it (``{"size", "busbw"}`` points, the peer's sizes)
+    stays under the ratio asked somewhere from ``lo`` to ``hi`` bytes: the size where the floor's ratio to the peer is
+    lowest, and that ratio; '' where the floor clears the ratio everywhere (or was not measured there)."""
+    peer_at = {p["size"]: p["busbw"] for p in peer}
+    under = [(f["size"], f["busbw"] / peer_at[f["size"]]) for f in floor
+             if lo <= f["size"] <= hi and peer_at.get(f["size"]) and f["busbw"] / peer_at[f["size"]] < want]
+    if not under:
+        return ""
+    size, ratio = min(under, key=lambda u: u[1])
+    return f" (floor: at {size} B {what} reach {ratio:.2f}x {peer_name}'s busbw, under the {want:.1f}x asked)"
+
+
 def busbw_goals(who: str, lab: list, peer: list, bands: list[tuple[str, float, int, int]]) -> list[str]:
     """One goal line per band (label, least lab/peer busbw ratio, smallest size, largest size) over the measured
     points, naming the lowest ratio and its size (``lowest_ratio``); a band with no measured size is NOT met,

@@ -118,7 +118,8 @@ PEERS = {  # side-by-side benchmark -> its peer's column name in the printed hea
 }
 # columns after the ratio, and the row label of the --json series past the first two (allreduce_vs_gloo's floor)
 EXTRA = {"allreduce_vs_gloo": (["tcp", "us", "tcp", "busbw"], ["a ring's bytes alone over loopback TCP"]),
-         "allreduce_vs_mpi": (["xcore", "GB/s"], [])}  # core_probe.py's column: the machine's state, not a series
+         # the FIFO floor's two columns and core_probe.py's (the machine's state): columns, not series
+         "allreduce_vs_mpi": (["fifo", "us", "fifo", "busbw", "xcore", "GB/s"], [])}
 
 
 def bench_label(name: str, path: str) -> str:

@@ -40,7 +40,8 @@ TINY = {
                              r"-> NOT met \(not measured\)$"),
     "allreduce_vs_mpi.py": (["mpirun", "-n", "2"], ["-b", "8", "-e", "4K", "-f", "8", "-n", "3", "--rounds", "1",
                                                     "--json", "{out}/mpi.json"],
-                            r"^#\s+size .* lab/mpi xcore GB/s$\n" + ROW + r"Ring/\w+(?:\s+[\d.]+){6}\s*$(?s:.*)"
+                            r"^#\s+size .* lab/mpi\s+fifo us\s+fifo busbw\s+xcore GB/s$\n"
+                            + ROW + r"Ring/\w+(?:\s+[\d.]+){5}\s+-\s+-\s+[\d.]+\s*$(?s:.*)"
                             r"^# check .*NCCL's order: 0 wrong$\n"
                             r"^# goal n=2 vs MPI: 8 B time within 2x of MPI's: .* = [\d.]+x -> " + VERDICT + r"\n"
                             r"^# goal n=2 vs MPI: busbw >= 1.0x at 4 KiB to 128 MiB: lowest [\d.]+x at 4096 B -> "
@@ -188,6 +189,15 @@ def test_mpi_goal_gives_the_machines_state_where_it_is_not_met():
     assert goals(2, lab, mpi) == [line.split(" (cross-core")[0] for line in lines]
     met = goals(2, [dict(p, busbw=9.0) for p in lab], mpi, xcore)
     assert all(line.endswith("-> met") for line in met), met
+    # the FIFO floor (measured from 256 KiB): under 1.0x MPICH at 16 MiB, under 1.5x but over 1.0x at 2 MiB
+    fifo = [pt(2 << 20, 1.2), pt(16 << 20, 1.9)]
+    lines = goals(2, lab, mpi, xcore, fifo)
+    assert lines[1].endswith("-> NOT met (floor: at 16777216 B a ring's bytes alone through our SHM FIFO reach "
+                             "0.95x MPICH's busbw, under the 1.0x asked) (cross-core read at 16777216 B: 23.6 GB/s, "
+                             "this run's highest 44.0 GB/s)"), lines[1]
+    assert "(floor: at 16777216 B a ring's bytes alone through our SHM FIFO reach 0.95x MPICH's busbw, under the " \
+           "1.5x asked)" in lines[2], lines[2]  # the lowest of the floor's ratios under 1.5x: 16 MiB's, not 2 MiB's
+    assert goals(2, lab, mpi, xcore, [pt(16 << 20, 9.0)]) == goals(2, lab, mpi, xcore)  # a floor above: nothing
 
 
 def test_core_probe_leaves_nothing_in_dev_shm_and_reads_from_every_rank_count():

@@ -494,9 +494,12 @@ def test_bench_table_writes_the_table_between_its_markers(tmp_path):
                     {"size": 1 << 21, "time_us": 800.0, "busbw": 2.62, "algbw": 2.62}]}]))
     (tmp_path / "allreduce_vs_mpi-n2.txt").write_text(
         "# AllReduce float32 sum, n=2, nchannels=2: nccl-lab (...) vs MPI (MPICH Version:      5.0.2)\n"
-        "#       size   algo/proto     lab us  lab busbw     mpi us  mpi busbw  lab/mpi xcore GB/s\n"
-        "           8      Ring/LL        5.0       0.00        2.5       0.00     0.50       41.2\n"
-        "     2097152  Ring/Simple      900.0       2.33      800.0       2.62     0.89       23.9\n"
+        "#       size   algo/proto     lab us  lab busbw     mpi us  mpi busbw  lab/mpi    fifo us fifo busbw "
+        "xcore GB/s\n"
+        "           8      Ring/LL        5.0       0.00        2.5       0.00     0.50          -          - "
+        "      41.2\n"
+        "     2097152  Ring/Simple      900.0       2.33      800.0       2.62     0.89     1000.0       2.10 "
+        "      23.9\n"
         "# 8 B: 5.0 us vs MPI 2.5 us = 2.0x MPI's time (goal <= 3x: met)\n")
     (tmp_path / "latency-n2.txt").write_text(
         "# AllReduce float32 sum latency (us), n=2, mean over ranks; MPI = MPICH Version:      5.0.2\n"
