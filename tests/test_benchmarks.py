@@ -189,15 +189,17 @@ def test_mpi_goal_gives_the_machines_state_where_it_is_not_met():
     assert goals(2, lab, mpi) == [line.split(" (cross-core")[0] for line in lines]
     met = goals(2, [dict(p, busbw=9.0) for p in lab], mpi, xcore)
     assert all(line.endswith("-> met") for line in met), met
-    # the FIFO floor (measured from 256 KiB): under 1.0x MPICH at 16 MiB, under 1.5x but over 1.0x at 2 MiB
+    # the FIFO floor (measured from 2 MiB): under 1.0x MPICH at 16 MiB, under 1.5x but over 1.0x at 2 MiB
     fifo = [pt(2 << 20, 1.2), pt(16 << 20, 1.9)]
     lines = goals(2, lab, mpi, xcore, fifo)
     assert lines[1].endswith("-> NOT met (floor: at 16777216 B a ring's bytes alone through our SHM FIFO reach "
                              "0.95x MPICH's busbw, under the 1.0x asked) (cross-core read at 16777216 B: 23.6 GB/s, "
                              "this run's highest 44.0 GB/s)"), lines[1]
     assert "(floor: at 16777216 B a ring's bytes alone through our SHM FIFO reach 0.95x MPICH's busbw, under the " \
-           "1.5x asked)" in lines[2], lines[2]  # the lowest of the floor's ratios under 1.5x: 16 MiB's, not 2 MiB's
+           "1.5x asked)" in lines[2], lines[2]
     assert goals(2, lab, mpi, xcore, [pt(16 << 20, 9.0)]) == goals(2, lab, mpi, xcore)  # a floor above: nothing
+    # a floor under the ratio at another size than the one that missed says nothing of that miss
+    assert goals(2, lab, mpi, xcore, [pt(2 << 20, 0.5), pt(16 << 20, 9.0)]) == goals(2, lab, mpi, xcore)
 
 
 def test_core_probe_leaves_nothing_in_dev_shm_and_reads_from_every_rank_count():
