@@ -128,12 +128,18 @@ def test_tune_cli_explicit_machine():
 
 
 def test_the_cpu_tuner_prefers_tree_simple_for_small_allreduces_with_more_ranks_than_cores():
-    """``cpu_tuner``: on one node with more ranks than cores, AllReduce of 512 B to 64 KiB -> Tree/Simple (its
-    cost set to 0, as NCCL's example tuner does); elsewhere, and where NCCL_ALGO/NCCL_PROTO disable it, the
-    model's own choice."""
-    over = CostModel(cpu_lab(4, oversubscribed=True))
-    assert [over.choose("AllReduce", s)[:2] for s in (256, 512, 4096, 65536, 65537)] == [
-        ("Ring", "LL"), ("Tree", "Simple"), ("Tree", "Simple"), ("Tree", "Simple"), ("Ring", "Simple")]
+    """``cpu_tuner``: on one node with more ranks than cores, AllReduce of 512 B to 512 KiB -> Tree/Simple (its
+    cost set to 0, as NCCL's example tuner does), to 128 KiB from 4 ranks a core; elsewhere, and where
+    NCCL_ALGO/NCCL_PROTO disable it, the model's own choice."""
+    over = CostModel(cpu_lab(4, oversubscribed=True, ranks_per_core=2.0))
+    assert [over.choose("AllReduce", s)[:2] for s in (256, 512, 4096, 65536, 512 << 10, (512 << 10) + 1)] == [
+        ("Ring", "LL"), ("Tree", "Simple"), ("Tree", "Simple"), ("Tree", "Simple"), ("Tree", "Simple"),
+        ("Ring", "Simple")]
+    crowded = CostModel(cpu_lab(8, oversubscribed=True, ranks_per_core=4.0))
+    assert [crowded.choose("AllReduce", s)[:2] for s in (512, 128 << 10, (128 << 10) + 1)] == [
+        ("Tree", "Simple"), ("Tree", "Simple"), ("Ring", "Simple")]
+    assert "512 B to 128 KiB -> Tree/Simple" in crowded.m.tuner.describe()
+    assert "512 B to 512 KiB -> Tree/Simple" in over.m.tuner.describe()
     assert over.choose("AllReduce", 4096)[2] == 0.0            # NCCL's estimated time of a tuned entry
     assert over.choose("AllGather", 4096)[0] == "Ring"          # AllReduce only: the tree runs nothing else
     plain = CostModel(cpu_lab(4))                                # one rank per core: the constants alone

@@ -234,7 +234,7 @@ def traced_allreduce(args: list[str]) -> None:
 
 
 def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, protos: set | None,
-                     oversubscribed: bool = False) -> tuple:
+                     oversubscribed: bool = False, ranks_per_core: float = 2.0) -> tuple:
     """(algo, proto) by NCCL's ncclTopoTuneModel / ncclTopoGetAlgoTime / topoGetAlgoInfo, written again here for
     the lab's CPU machine (1 ring of 6 GB/s per search channel, path PHB, compute capability 0 so LL128 only when
     NCCL_PROTO names it, AMD x86; measured constants: base latency LL 25.9, LL128 30.3, Simple 23.3 us, 3 us per
@@ -242,12 +242,14 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
     keeps 30.3 and 3); across nodes, per step, Tree
     LL/LL128 600, Simple 360, Ring LL/LL128 1155, Simple 860 us).  NCCL's default tables restated: llMaxBws, perChMaxTreeBws, perChMaxRing/TreeLL128Bws.  Only the
     tree correction factors are taken from the cost model (a table of NCCL constants, tested on its own).  The lab's
-    tuner plugin, written again: with more ranks than cores on one node, an AllReduce of 512 B to 64 KiB takes
-    Tree/Simple, and across nodes of several ranks (buffers unregistered here) an AllReduce of 2 MiB or more takes
-    Ring/Simple, when NCCL_PROTO allows Simple (its cost set to 0, as NCCL's example tuner does)."""
+    tuner plugin, written again: with more ranks than cores on one node, an AllReduce of 512 B to 512 KiB (128 KiB
+    from 4 ranks a core) takes Tree/Simple, and across nodes of several ranks (buffers unregistered here) an
+    AllReduce of 2 MiB or more takes Ring/Simple, when NCCL_PROTO allows Simple (its cost set to 0, as NCCL's
+    example tuner does)."""
     from collectives.graph.cost_model import TREE_CORRECTION
     simple = protos is None or "Simple" in protos
-    if oversubscribed and nodes == 1 and func == "AllReduce" and 512 <= nbytes <= 65536 and simple:
+    tree_to = 128 << 10 if ranks_per_core >= 4 else 512 << 10
+    if oversubscribed and nodes == 1 and func == "AllReduce" and 512 <= nbytes <= tree_to and simple:
         return ("Tree", "Simple")
     if 1 < nodes < n and func == "AllReduce" and nbytes >= 2 << 20 and simple:
         return ("Ring", "Simple")
@@ -318,13 +320,15 @@ def auto_choice(args: list[str]) -> None:
     protos = {p for p in ("LL", "LL128", "Simple") if p.lower() in text.lower().split(",")} if text else None
     with collectives.Communicator() as comm:
         nodes = len(set(hostids(comm)))
-        oversubscribed = comm.nranks > len(os.sched_getaffinity(0))  # every rank of the test runs here
+        ranks_per_core = comm.nranks / len(os.sched_getaffinity(0))  # every rank of the test runs here
+        oversubscribed = ranks_per_core > 1
         chosen = set()
         for func, mult in (("AllReduce", 1), ("AllGather", comm.nranks), ("ReduceScatter", comm.nranks),
                            ("Broadcast", 1), ("Reduce", 1)):
             for count in [1, 7, 100, 4096, 65536, 1 << 20, 1 << 22, 1 << 24]:
                 plan = comm.plan(func, count, np.float32)
-                want = _nccl_cpu_choice(func, 4 * count * mult, comm.nranks, nodes, 1, protos, oversubscribed)
+                want = _nccl_cpu_choice(func, 4 * count * mult, comm.nranks, nodes, 1, protos, oversubscribed,
+                                        ranks_per_core)
                 assert (plan.algo, plan.proto) == want, (func, count, plan.algo, plan.proto, want)
                 tuned = _cpu_tuner_channels(func, 4 * count * mult, comm.nranks, nodes, protos, oversubscribed)
                 assert plan.tuner_channels == tuned and (not tuned or plan.nchannels == 1), \

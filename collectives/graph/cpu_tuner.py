@@ -7,9 +7,13 @@ for more ranks than cores on one node.  There every rank shares a core, so the t
 work of all ranks together, not the depth of the algorithm: a ring runs 2(n-1) primitives on every rank, the tree
 (a chain on one node) runs two, one each way.  Measured with ``benchmarks/tuning_check.py`` on this 2-core machine
 (5 alternating rounds, docs/measured.md): Tree/Simple ahead of the model's pick from 512 B to 32 KiB at 3, 4 and 8
-ranks (1.1-1.7x), Ring/LL ahead below 512 B at 8 ranks, Ring/Simple and Tree/Simple even from 256 KiB.  So, as a
-configuration line of NCCL's example tuner: AllReduce, one node, oversubscribed, ``TREE_SIMPLE_FROM`` to
-``TREE_SIMPLE_TO`` bytes -> Tree/Simple.  NCCL's own formula cannot say this: its latency is a depth (base + steps x
+ranks (1.1-1.7x), Ring/LL ahead below 512 B at 8 ranks.  Above, where the ring's bytes start to count, the crossover
+moves with the ranks a core (2026-12-07, forced Ring/Simple against Tree/Simple, 64 KiB to 2 MiB): at 3 and 4 ranks
+Tree ahead up to 512 KiB (128 KiB 1.23x and 1.69x, 256 KiB 1.19-1.27x at 4 ranks in four runs, 512 KiB 1.08-1.30x)
+and behind from 1 MiB (Ring 1.4-1.5x at 4 ranks); at 8 ranks, 4 a core, Tree ahead at 128 KiB (1.39x) and behind
+from 256 KiB (Ring 1.2-1.9x).  So, as a configuration line of NCCL's example tuner: AllReduce, one node, oversubscribed,
+``TREE_SIMPLE_FROM`` to ``TREE_SIMPLE_TO`` bytes -> Tree/Simple, to ``TREE_SIMPLE_TO_CROWDED`` from
+``CROWDED_RANKS_PER_CORE`` ranks a core.  NCCL's own formula cannot say this: its latency is a depth (base + steps x
 per-step latency) and Tree and Ring have the same number of steps on one node.
 
 Its second rule reads ``getCollInfo``'s ``regBuff``, which ``ncclGetAlgoInfo`` (``src/enqueue.cc``) sets when both the
@@ -49,7 +53,8 @@ from __future__ import annotations
 from collectives.misc.param import env_str
 from tracing import debug
 
-TREE_SIMPLE_FROM, TREE_SIMPLE_TO = 512, 64 << 10
+TREE_SIMPLE_FROM, TREE_SIMPLE_TO = 512, 512 << 10
+TREE_SIMPLE_TO_CROWDED, CROWDED_RANKS_PER_CORE = 128 << 10, 4
 RING_SIMPLE_FROM = 2 << 20
 RING_ONE_CHANNEL_BELOW = 64 << 20
 
@@ -68,12 +73,16 @@ class CpuTuner:
     ``get_coll_info``."""
     name = "cpu-lab"
 
-    def __init__(self, nnodes: int = 1, oversubscribed: bool = False, ranks_per_node: float = 1.0):
+    def __init__(self, nnodes: int = 1, oversubscribed: bool = False, ranks_per_node: float = 1.0,
+                 ranks_per_core: float | None = None):
         """``oversubscribed``: more ranks on this machine than cores (the communicator's count, emulated nodes
-        included); that rule is for one node only, since across nodes the NET steps dominate (the preset's NET
+        included), ``ranks_per_core`` how many (unknown: under ``CROWDED_RANKS_PER_CORE``); that rule is for one
+        node only, since across nodes the NET steps dominate (the preset's NET
         row); the ring rule is for several nodes only, registered or with several ranks a node, and asks one
         channel only when oversubscribed (where it was measured)."""
         self.active = nnodes == 1 and oversubscribed
+        crowded = ranks_per_core is not None and ranks_per_core >= CROWDED_RANKS_PER_CORE
+        self.tree_to = TREE_SIMPLE_TO_CROWDED if crowded else TREE_SIMPLE_TO
         self.across = nnodes > 1
         self.shared_nodes = nnodes > 1 and ranks_per_node > 1
         self.one_channel = nnodes > 1 and oversubscribed
@@ -85,7 +94,7 @@ class CpuTuner:
         ``RING_ONE_CHANNEL_BELOW`` with more ranks than cores, else 0 (NCCL keeps its own count)."""
         if func != "AllReduce":
             return 0
-        if self.active and TREE_SIMPLE_FROM <= nbytes <= TREE_SIMPLE_TO:
+        if self.active and TREE_SIMPLE_FROM <= nbytes <= self.tree_to:
             pick = ("Tree", "Simple")
         elif self.across and (reg_buff or self.shared_nodes) and nbytes >= RING_SIMPLE_FROM:
             pick = ("Ring", "Simple")
@@ -99,7 +108,7 @@ class CpuTuner:
     def describe(self) -> str:
         """The INFO line NCCL's plugins print when they load, with the rule in force."""
         if self.active:
-            rule = (f"AllReduce of {TREE_SIMPLE_FROM} B to {TREE_SIMPLE_TO >> 10} KiB -> Tree/Simple (more ranks than "
+            rule = (f"AllReduce of {TREE_SIMPLE_FROM} B to {self.tree_to >> 10} KiB -> Tree/Simple (more ranks than "
                     f"cores on one node)")
         elif self.shared_nodes:
             rule = f"AllReduce from {RING_SIMPLE_FROM >> 20} MiB -> Ring/Simple (across nodes of several ranks)"
