@@ -7,8 +7,10 @@ minute to the next, a core reads 2 MiB that the other core has just written at a
 slow state an n = 2 AllReduce of 2 MiB takes 1,000-1,250 us instead of 150 on our side and 800-1,300 instead of 320
 on MPICH's (docs/measured.md).  A copy within one core runs at the same 95 GB/s in both states, so the probe
 measures the hand-off itself: rank 1 reads ``PROBE_BYTES`` that rank 0 has just written into a shared segment, and
-rank 0 what rank 1 wrote, alternately, the median of ``reps`` reads.  The other ranks wait off the cores, so that
-with more ranks than cores the two probing ones are the only ones runnable.
+rank 0 what rank 1 wrote, alternately, the median of ``reps`` reads.  A low reading came with the slow state in most
+runs measured, not in all (docs/measured.md): it names the machine's state beside a figure, it does not decide it.
+The other ranks wait off the cores, so that with more ranks than cores the two probing ones are the only ones
+runnable.
 
     mpirun -n 2 python benchmarks/core_probe.py [--reps 10]
 
