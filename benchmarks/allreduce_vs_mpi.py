@@ -10,10 +10,10 @@ to 16 MiB, ours is checked bitwise against NCCL's summation order (``checks.lab_
 the run.  Rank 0 ends with issue 27's one-node goals, one line each, met or NOT met.  The last column is the
 machine's state at that size (``core_probe.py``: how fast one core reads 2 MiB the other has just written, before
 and after the size's rounds, their mean); a busbw goal NOT met gives it at its lowest-ratio size beside the run's
-highest.  From ``FIFO_FROM`` (2 MiB) up, a third side is timed in the same rounds, the floor under ours: two ring AllGathers
-of a rank's share, which move a ring AllReduce's 2(n-1)/n of the message per rank through the same SHM FIFOs,
-connections and compiled kernel, with no reduction (columns ``fifo us``/``fifo busbw``); a busbw goal NOT met
-says when, at the size that missed, even that floor stays under the ratio asked (``checks.floor_note``), as
+highest.  From ``FIFO_FROM`` (2 MiB) up, a third side is timed in the same rounds, the floor under ours: two ring
+AllGathers of a rank's share, which move a ring AllReduce's 2(n-1)/n of the message per rank through the same SHM
+FIFOs, connections and compiled kernel, with no reduction (columns ``fifo us``/``fifo busbw``); a busbw goal NOT
+met says when, at the size that missed, even that floor stays under the ratio asked (``checks.floor_note``), as
 ``allreduce_vs_gloo.py`` does with its TCP floor.
 """
 from __future__ import annotations
@@ -52,11 +52,13 @@ def goals(n: int, lab: list, mpi: list, xcore: dict | None = None, fifo: list | 
                      f"{small[0][1]['time_us']:.1f} us = {ratio:.2f}x -> {verdict(ratio <= 2.0)}")
     for line, (_, want, lo, hi) in zip(busbw_goals(f"n={n} vs MPI", lab, mpi, BANDS), BANDS):
         low = lowest_ratio(lab, mpi, lo, hi)
-        if fifo and low is not None and low[2] < want:  # the floor at the very size that missed, if measured there
-            line += floor_note(fifo, mpi, low[0]["size"], low[0]["size"], want, FIFO_FLOOR, "MPICH")
-        if xcore and low is not None and low[2] < want and low[0]["size"] in xcore:
-            line += (f" (cross-core read at {low[0]['size']} B: {xcore[low[0]['size']]:.1f} GB/s, this run's "
-                     f"highest {max(xcore.values()):.1f} GB/s)")
+        if low is not None and low[2] < want:  # NOT met: the notes are about the very size that missed
+            size = low[0]["size"]
+            if fifo:
+                line += floor_note(fifo, mpi, size, size, want, FIFO_FLOOR, "MPICH")
+            if xcore and size in xcore:
+                line += (f" (cross-core read at {size} B: {xcore[size]:.1f} GB/s, this run's highest "
+                         f"{max(xcore.values()):.1f} GB/s)")
         lines.append(line)
     return lines
 
