@@ -131,8 +131,7 @@ class Communicator(GatherScatter):
         self.channels, self.trees, self.channel_origin = init_channels(topo.channels, self.rank)
         self.nchannels = len(self.channels)
         self.machine = cpu_lab(self.nranks, self.nnodes, self.search_channels, self.nchannels,
-                               oversubscribed=self.oversubscribed, tuner=tuner_plugin(),
-                               ranks_per_core=self.ranks_per_core)
+                               ranks_per_core=self.ranks_per_core, tuner=tuner_plugin())
         self.max_threads = tuning.max_threads(self.machine.ring.bw_intra, self.machine.ring.n_channels)
         self.tuning = enqueue.default_tuning(self.nranks, self.nchannels, self.buff_sizes, nnodes=self.nnodes,
                                              max_threads=self.max_threads)

@@ -2,7 +2,6 @@
 20 GB/s, ``ncclTopoTuneModel`` worked by hand), crossovers, ties, the tree correction table, protocol
 enablement, the tune CLI, and the communicator choosing what the model chooses."""
 import json
-import os
 import subprocess
 import sys
 
@@ -131,11 +130,11 @@ def test_the_cpu_tuner_prefers_tree_simple_for_small_allreduces_with_more_ranks_
     """``cpu_tuner``: on one node with more ranks than cores, AllReduce of 512 B to 512 KiB -> Tree/Simple (its
     cost set to 0, as NCCL's example tuner does), to 128 KiB from 4 ranks a core; elsewhere, and where
     NCCL_ALGO/NCCL_PROTO disable it, the model's own choice."""
-    over = CostModel(cpu_lab(4, oversubscribed=True, ranks_per_core=2.0))
+    over = CostModel(cpu_lab(4, ranks_per_core=2.0))
     assert [over.choose("AllReduce", s)[:2] for s in (256, 512, 4096, 65536, 512 << 10, (512 << 10) + 1)] == [
         ("Ring", "LL"), ("Tree", "Simple"), ("Tree", "Simple"), ("Tree", "Simple"), ("Tree", "Simple"),
         ("Ring", "Simple")]
-    crowded = CostModel(cpu_lab(8, oversubscribed=True, ranks_per_core=4.0))
+    crowded = CostModel(cpu_lab(8, ranks_per_core=4.0))
     assert [crowded.choose("AllReduce", s)[:2] for s in (512, 128 << 10, (128 << 10) + 1)] == [
         ("Tree", "Simple"), ("Tree", "Simple"), ("Ring", "Simple")]
     assert "512 B to 128 KiB -> Tree/Simple" in crowded.m.tuner.describe()
@@ -144,12 +143,12 @@ def test_the_cpu_tuner_prefers_tree_simple_for_small_allreduces_with_more_ranks_
     assert over.choose("AllGather", 4096)[0] == "Ring"          # AllReduce only: the tree runs nothing else
     plain = CostModel(cpu_lab(4))                                # one rank per core: the constants alone
     assert plain.choose("AllReduce", 4096)[:2] == ("Ring", "Simple")
-    assert CostModel(cpu_lab(4, 2, oversubscribed=True)).choose("AllReduce", 4096)[:2] == \
+    assert CostModel(cpu_lab(4, 2, ranks_per_core=2.0)).choose("AllReduce", 4096)[:2] == \
         CostModel(cpu_lab(4, 2)).choose("AllReduce", 4096)[:2]  # across nodes the NET row decides
-    assert CostModel(cpu_lab(4, oversubscribed=True), algo_env="Ring").choose("AllReduce", 4096)[0] == "Ring"
-    assert CostModel(cpu_lab(4, oversubscribed=True), "LL").choose("AllReduce", 4096)[:2] == ("Ring", "LL")
+    assert CostModel(cpu_lab(4, ranks_per_core=2.0), algo_env="Ring").choose("AllReduce", 4096)[0] == "Ring"
+    assert CostModel(cpu_lab(4, ranks_per_core=2.0), "LL").choose("AllReduce", 4096)[:2] == ("Ring", "LL")
     assert "Tree/Simple (more ranks than cores on one node)" in over.m.tuner.describe()
-    assert CostModel(cpu_lab(4, oversubscribed=True, tuner=False)).choose("AllReduce", 4096)[:2] == \
+    assert CostModel(cpu_lab(4, ranks_per_core=2.0, tuner=False)).choose("AllReduce", 4096)[:2] == \
         ("Ring", "Simple")                                       # NCCL_TUNER_PLUGIN=none
 
 
@@ -160,13 +159,13 @@ def test_the_cpu_tuner_prefers_ring_simple_for_registered_allreduces_across_node
     unregistered, on one node, below 2 MiB, for other functions and where NCCL_ALGO leaves no ring, the model's own
     choice (Tree/Simple up to 8 MiB at 4 x 1 and 2 x 2)."""
     for nodes in (4, 2):
-        m = CostModel(cpu_lab(4, nodes, oversubscribed=True))
+        m = CostModel(cpu_lab(4, nodes, ranks_per_core=2.0))
         for reg in (True, False):
             ring = reg or nodes == 2
             assert [m.choose("AllReduce", s, reg_buff=reg)[:2] for s in (1 << 20, (2 << 20) - 1, 2 << 20, 8 << 20)] \
                 == [("Tree", "Simple")] * 2 + [("Ring" if ring else "Tree", "Simple")] * 2, (nodes, reg)
         assert m.choose("AllReduce", 4 << 20, reg_buff=True)[2] == 0.0
-        alone = CostModel(cpu_lab(4, nodes, oversubscribed=True, tuner=False))  # NCCL_TUNER_PLUGIN=none
+        alone = CostModel(cpu_lab(4, nodes, ranks_per_core=2.0, tuner=False))  # NCCL_TUNER_PLUGIN=none
         assert alone.choose("AllReduce", 4 << 20, reg_buff=True)[:2] == ("Tree", "Simple")
     one = CostModel(cpu_lab(4))
     assert one.choose("AllReduce", 4 << 20, reg_buff=True) == one.choose("AllReduce", 4 << 20)  # no NET step
@@ -185,15 +184,15 @@ def test_the_cpu_tuner_runs_its_ring_rule_on_one_channel_below_64_mib():
     MiB and above, with a core a rank, and wherever the rule does not fire, 0 (NCCL's own count)."""
     sizes = ((2 << 20) - 1, 2 << 20, 32 << 20, (64 << 20) - 1, 64 << 20, 128 << 20)
     for nodes, reg in ((4, True), (2, True), (2, False)):
-        m = CostModel(cpu_lab(4, nodes, oversubscribed=True))
+        m = CostModel(cpu_lab(4, nodes, ranks_per_core=2.0))
         assert [m.choose("AllReduce", s, reg_buff=reg).n_channels for s in sizes] == [0, 1, 1, 1, 0, 0], (nodes, reg)
         assert m.choose("AllReduce", 4 << 20, reg_buff=reg)[:3] == ("Ring", "Simple", 0.0)
-    assert CostModel(cpu_lab(4, 4, oversubscribed=True)).choose("AllReduce", 4 << 20).n_channels == 0  # 4 x 1 unreg.
+    assert CostModel(cpu_lab(4, 4, ranks_per_core=2.0)).choose("AllReduce", 4 << 20).n_channels == 0  # 4 x 1 unreg.
     assert CostModel(cpu_lab(4, 4), algo_env="Tree").choose("AllReduce", 4 << 20, reg_buff=True).n_channels == 0
     assert CostModel(cpu_lab(4, 4, tuner=False)).choose("AllReduce", 4 << 20, reg_buff=True).n_channels == 0
-    assert CostModel(cpu_lab(4, oversubscribed=True)).choose("AllReduce", 4096).n_channels == 0  # the one-node rule
+    assert CostModel(cpu_lab(4, ranks_per_core=2.0)).choose("AllReduce", 4096).n_channels == 0  # the one-node rule
     assert CostModel(cpu_lab(4, 2)).choose("AllReduce", 4 << 20).n_channels == 0  # a core a rank: not measured
-    assert "one channel below 64 MiB" in CostModel(cpu_lab(4, 2, oversubscribed=True)).m.tuner.describe()
+    assert "one channel below 64 MiB" in CostModel(cpu_lab(4, 2, ranks_per_core=2.0)).m.tuner.describe()
     assert "one channel" not in CostModel(cpu_lab(4, 2)).m.tuner.describe()
 
 
@@ -203,7 +202,7 @@ def test_a_tuned_channel_count_reaches_the_plan_and_the_reference():
     both; the reference, told the same count (``max_channels``), splits it the same way."""
     from collectives import enqueue
     from collectives.perf import reference
-    m = CostModel(cpu_lab(4, 4, oversubscribed=True))
+    m = CostModel(cpu_lab(4, 4, ranks_per_core=2.0))
     t = enqueue.default_tuning(4, 2, {"Simple": 1 << 25, "LL": 1 << 19, "LL128": 4915200}, nnodes=4)
     for count, channels in (((4 << 20) // 4 + 7, 1), ((64 << 20) // 4, 2)):
         p = enqueue.plan_coll(t, m.choose, "AllReduce", count, 4, reg_buff=True)

@@ -234,7 +234,7 @@ def traced_allreduce(args: list[str]) -> None:
 
 
 def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, protos: set | None,
-                     oversubscribed: bool = False, ranks_per_core: float = 2.0) -> tuple:
+                     ranks_per_core: float = 1.0) -> tuple:
     """(algo, proto) by NCCL's ncclTopoTuneModel / ncclTopoGetAlgoTime / topoGetAlgoInfo, written again here for
     the lab's CPU machine (1 ring of 6 GB/s per search channel, path PHB, compute capability 0 so LL128 only when
     NCCL_PROTO names it, AMD x86; measured constants: base latency LL 25.9, LL128 30.3, Simple 23.3 us, 3 us per
@@ -249,7 +249,7 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
     from collectives.graph.cost_model import TREE_CORRECTION
     simple = protos is None or "Simple" in protos
     tree_to = 128 << 10 if ranks_per_core >= 4 else 512 << 10
-    if oversubscribed and nodes == 1 and func == "AllReduce" and 512 <= nbytes <= tree_to and simple:
+    if ranks_per_core > 1 and nodes == 1 and func == "AllReduce" and 512 <= nbytes <= tree_to and simple:
         return ("Tree", "Simple")
     if 1 < nodes < n and func == "AllReduce" and nbytes >= 2 << 20 and simple:
         return ("Ring", "Simple")
@@ -305,12 +305,12 @@ def _nccl_cpu_choice(func: str, nbytes: int, n: int, nodes: int, search: int, pr
     return best
 
 
-def _cpu_tuner_channels(func: str, nbytes: int, n: int, nodes: int, protos: set | None, oversubscribed: bool) -> int:
+def _cpu_tuner_channels(func: str, nbytes: int, n: int, nodes: int, protos: set | None, ranks_per_core: float) -> int:
     """The lab's tuner plugin's nChannels, written again: across nodes of several ranks (buffers unregistered
     here), with more ranks than cores, an AllReduce its ring rule sets to Ring/Simple (2 MiB or more) runs on one
     channel below 64 MiB; else 0 (NCCL's own count)."""
     simple = protos is None or "Simple" in protos
-    return int(oversubscribed and 1 < nodes < n and func == "AllReduce" and 2 << 20 <= nbytes < 64 << 20 and simple)
+    return int(ranks_per_core > 1 and 1 < nodes < n and func == "AllReduce" and 2 << 20 <= nbytes < 64 << 20 and simple)
 
 
 def auto_choice(args: list[str]) -> None:
@@ -321,16 +321,14 @@ def auto_choice(args: list[str]) -> None:
     with collectives.Communicator() as comm:
         nodes = len(set(hostids(comm)))
         ranks_per_core = comm.nranks / len(os.sched_getaffinity(0))  # every rank of the test runs here
-        oversubscribed = ranks_per_core > 1
         chosen = set()
         for func, mult in (("AllReduce", 1), ("AllGather", comm.nranks), ("ReduceScatter", comm.nranks),
                            ("Broadcast", 1), ("Reduce", 1)):
             for count in [1, 7, 100, 4096, 65536, 1 << 20, 1 << 22, 1 << 24]:
                 plan = comm.plan(func, count, np.float32)
-                want = _nccl_cpu_choice(func, 4 * count * mult, comm.nranks, nodes, 1, protos, oversubscribed,
-                                        ranks_per_core)
+                want = _nccl_cpu_choice(func, 4 * count * mult, comm.nranks, nodes, 1, protos, ranks_per_core)
                 assert (plan.algo, plan.proto) == want, (func, count, plan.algo, plan.proto, want)
-                tuned = _cpu_tuner_channels(func, 4 * count * mult, comm.nranks, nodes, protos, oversubscribed)
+                tuned = _cpu_tuner_channels(func, 4 * count * mult, comm.nranks, nodes, protos, ranks_per_core)
                 assert plan.tuner_channels == tuned and (not tuned or plan.nchannels == 1), \
                     (func, count, plan.tuner_channels, plan.nchannels, tuned)
                 chosen.add(plan.proto)

@@ -73,16 +73,15 @@ class CpuTuner:
     ``get_coll_info``."""
     name = "cpu-lab"
 
-    def __init__(self, nnodes: int = 1, oversubscribed: bool = False, ranks_per_node: float = 1.0,
-                 ranks_per_core: float | None = None):
-        """``oversubscribed``: more ranks on this machine than cores (the communicator's count, emulated nodes
-        included), ``ranks_per_core`` how many (unknown: under ``CROWDED_RANKS_PER_CORE``); that rule is for one
-        node only, since across nodes the NET steps dominate (the preset's NET
-        row); the ring rule is for several nodes only, registered or with several ranks a node, and asks one
-        channel only when oversubscribed (where it was measured)."""
+    def __init__(self, nnodes: int = 1, ranks_per_node: float = 1.0, ranks_per_core: float = 1.0):
+        """``ranks_per_core``: the ranks on this machine (the communicator's count, emulated nodes included) over
+        its cores; above 1 the machine is oversubscribed.  The Tree rule is for one oversubscribed node only, since
+        across nodes the NET steps dominate (the preset's NET row), and ends sooner from ``CROWDED_RANKS_PER_CORE``;
+        the ring rule is for several nodes only, registered or with several ranks a node, and asks one channel
+        only when oversubscribed (where it was measured)."""
+        oversubscribed = ranks_per_core > 1
         self.active = nnodes == 1 and oversubscribed
-        crowded = ranks_per_core is not None and ranks_per_core >= CROWDED_RANKS_PER_CORE
-        self.tree_to = TREE_SIMPLE_TO_CROWDED if crowded else TREE_SIMPLE_TO
+        self.tree_to = TREE_SIMPLE_TO_CROWDED if ranks_per_core >= CROWDED_RANKS_PER_CORE else TREE_SIMPLE_TO
         self.across = nnodes > 1
         self.shared_nodes = nnodes > 1 and ranks_per_node > 1
         self.one_channel = nnodes > 1 and oversubscribed

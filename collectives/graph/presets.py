@@ -96,17 +96,16 @@ CPU_CONSTANTS = TunerConstants(
 
 
 def cpu_lab(nranks: int, nodes: int = 1, nchannels: int = 1, comm_channels: int | None = None,
-            bw_per_channel: float = 6.0, oversubscribed: bool = False, tuner: bool = True,
-            ranks_per_core: float | None = None) -> Machine:
+            bw_per_channel: float = 6.0, ranks_per_core: float = 1.0, tuner: bool = True) -> Machine:
     """``nchannels``: the channels the search would find (one ring per channel); ``comm_channels``: after
-    ``ncclTopoPostset`` doubles them (default 2x); ``oversubscribed``: more ranks than cores on this machine (the
-    lab's tuner plugin then prefers Tree/Simple for small AllReduces on one node: ``cpu_tuner``), ``ranks_per_core``
-    how many a core (where that preference ends); ``tuner``: False without that plugin (``NCCL_TUNER_PLUGIN=none``)."""
+    ``ncclTopoPostset`` doubles them (default 2x); ``ranks_per_core``: the ranks on this machine over its cores
+    (above 1, oversubscribed: the lab's tuner plugin then prefers Tree/Simple for small AllReduces on one node, up
+    to a size that depends on it: ``cpu_tuner``); ``tuner``: False without that plugin (``NCCL_TUNER_PLUGIN=none``)."""
     g = GraphFigures(nchannels, bw_per_channel, bw_per_channel, "PHB", "PHB")
     return Machine(f"cpu-lab n={nranks}", nodes, max(1, nranks // max(1, nodes)), 0, ring=g, tree=g,
                    cpu_vendor="amd", comm_channels=comm_channels or min(64, 2 * nchannels),
                    algorithms=("Tree", "Ring"), constants=CPU_CONSTANTS, sources={"constants": SOURCES["cpu-lab"]},
-                   tuner=CpuTuner(nodes, oversubscribed, nranks / max(1, nodes), ranks_per_core) if tuner else None)
+                   tuner=CpuTuner(nodes, nranks / max(1, nodes), ranks_per_core) if tuner else None)
 
 
 PRESETS = {"dgx-a100": dgx_a100, "dgx-h100": dgx_h100, "pcie": pcie_box, "cpu": cpu_lab}
