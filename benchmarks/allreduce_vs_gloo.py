@@ -16,11 +16,16 @@ nccl-tests.
 Ring/Simple AllReduce then moves its NET steps straight between them and the sockets (``collectives/register.py``),
 as Gloo does with its tensor; ``-R 0`` (the default, as in nccl-tests) goes through the FIFOs.
 
-When every rank is its own node ("4 x 1", every hop of ours crosses TCP as every hop of Gloo's does), a third
-side is the floor under both (``tcp_floor.py``): a ring's bytes alone over loopback TCP, 2(n-1)/n of the message
-each way per rank, with no reduction and no protocol.  Where a goal is NOT met and even that floor stays under the
-ratio asked of Gloo, the goal line says so with the floor's own ratio; the floor is the third series of ``--json``
-and the last two columns of the printed table ('-' in other shapes).
+When every rank is its own node ("4 x 1", every hop of ours crosses TCP as every hop of Gloo's does), two more
+sides are timed in the same rounds (``tcp_floor.py``): the floor under both, a ring's bytes alone over loopback
+TCP, 2(n-1)/n of the message each way per rank, with no reduction and no protocol; and a bare ring AllReduce over
+the same sockets, those bytes plus numpy's addition of each received chunk, one step after another (no FIFO, no
+flags, no pipelining).  Where a goal is NOT met and even the floor stays under the ratio asked of Gloo, the goal
+line says so with the floor's own ratio; where the floor clears it but the bare ring does not, it says that of the
+bare ring (not a floor: a pipelined ring could overlap what it does in turn; but on cores that the ranks share, the
+additions' CPU adds to the bytes' whichever way they are ordered).  They are the third and fourth series of
+``--json`` and the last four columns of the printed table ('-' in other shapes); the bare ring's sum, in ring order,
+is checked for closeness as Gloo's is.
 
 After the table, each side's CPU per rank per call (user and sys, ``getrusage``: every thread of the process, our
 proxy's and Gloo's I/O threads included) from the same rounds, and the ranks and cores of this machine; the
@@ -74,19 +79,23 @@ BANDS = [("every size", 1.0, 0, 1 << 62), (">= 16 MiB", 1.2, 16 << 20, 1 << 62)]
 
 
 def goals(shape: str, lab: list, gloo: list, floor: list | None = None,
-          ranks_per_core: float | None = None) -> list[str]:
+          ranks_per_core: float | None = None, bare: list | None = None) -> list[str]:
     """Issue 27's goals across nodes from the measured points: lab/Gloo busbw >= 1.0x at every size, >= 1.2x at
     16 MiB and above.  ``floor`` (every hop over TCP: the "4 x 1" shape): a goal NOT met says at which size, if
-    any, the ring's bytes alone over loopback TCP stay under the ratio asked.  ``ranks_per_core`` (the ranks this
-    machine runs over its cores; points with ``cpu_user_us``/``cpu_sys_us``): a goal NOT met gives, at its
-    lowest-ratio size, each side's CPU per rank per call when ours kept its share of the cores busy
+    any, the ring's bytes alone over loopback TCP stay under the ratio asked; where they clear it everywhere,
+    the same of ``bare``, the bare ring AllReduce (those bytes and numpy's additions).  ``ranks_per_core`` (the
+    ranks this machine runs over its cores; points with ``cpu_user_us``/``cpu_sys_us``): a goal NOT met gives, at
+    its lowest-ratio size, each side's CPU per rank per call when ours kept its share of the cores busy
     (``CPU_BOUND``), what each side spends there."""
     lines = busbw_goals(f"{shape} vs Gloo", lab, gloo, BANDS)
     for i, (_, want, lo, hi) in enumerate(BANDS):
         if not lines[i].endswith("NOT met"):
             continue
-        if floor:
-            lines[i] += floor_note(floor, gloo, lo, hi, want, "a ring's bytes alone over loopback TCP", "Gloo")
+        note = floor_note(floor, gloo, lo, hi, want, "a ring's bytes alone over loopback TCP", "Gloo") if floor else ""
+        if not note and bare:
+            note = floor_note(bare, gloo, lo, hi, want, "a bare ring AllReduce over loopback TCP (the bytes and "
+                              "numpy's additions, step by step)", "Gloo", "bare ring", "reaches")
+        lines[i] += note
         if ranks_per_core:
             lines[i] += cpu_note(lab, gloo, lo, hi, ranks_per_core)
     return lines
@@ -142,7 +151,7 @@ def main() -> int:
     import torch
     uid = world.bcast(collectives.get_unique_id().to_bytes() if world.rank == 0 else None)
     ring = TcpRing(world) if nodes == n else None  # the floor under a ring whose every hop crosses TCP
-    lab_pts, gloo_pts, floor_pts, wrong = [], [], [], {"lab": 0, "Gloo": 0}
+    lab_pts, gloo_pts, floor_pts, bare_pts, wrong = [], [], [], [], {"lab": 0, "Gloo": 0, "bare ring": 0}
     with collectives.Communicator(uid, n, world.rank) as comm:
         if world.rank == 0:
             via = sorted({t for ch in comm.describe()["connections"] for t in ch.values()})
@@ -152,7 +161,7 @@ def main() -> int:
                   f"{'registered, -R 1' if a.local_register else 'not registered, -R 0'}) vs torch.distributed Gloo "
                   f"(torch {torch.__version__}, {threads} intra-op thread{'s' if threads != 1 else ''}, loopback TCP)")
             print(f"# {'size':>10} {'algo/proto':>12} {'lab us':>10} {'lab busbw':>10} {'gloo us':>10} "
-                  f"{'gloo busbw':>10} {'lab/gloo':>8} {'tcp us':>10} {'tcp busbw':>10}")
+                  f"{'gloo busbw':>10} {'lab/gloo':>8} {'tcp us':>10} {'tcp busbw':>10} {'bare us':>10} {'bare busbw':>10}")
         for size in sizes(a):
             x = np.random.default_rng(world.rank).uniform(-1, 1, max(1, size // 4)).astype(np.float32)
             out = np.empty_like(x)
@@ -161,8 +170,9 @@ def main() -> int:
             registered = comm.registered(x, out)  # what took effect (the column below says what the call ran)
             calls = {"lab": lambda: comm.all_reduce(x, out=out), "gloo": lambda: dist.all_reduce(zeros)}
             if ring is not None:
-                moved = ring.ring_allreduce_bytes(x.nbytes)
+                moved, bare_out = ring.ring_allreduce_bytes(x.nbytes), np.empty_like(x)
                 calls["tcp"] = lambda: ring.move(moved)
+                calls["bare"] = lambda: ring.allreduce(x, bare_out)
             cpu: dict = {}
             t = timed_rounds(calls, iters_for(size, 200, a.iters), world, a.rounds, warmup=a.warmup_iters, cpu=cpu)
             for h in handles:
@@ -173,17 +183,23 @@ def main() -> int:
                 mine = torch.from_numpy(np.asarray(inputs[world.rank]).copy())  # summed in place
                 dist.all_reduce(mine)
                 wrong["Gloo"] += world.allreduce(close_wrong(mine.numpy(), inputs))
+                if ring is not None:
+                    own = np.asarray(inputs[world.rank]).copy()
+                    bare_out = np.full_like(own, np.nan)  # poisoned: every element must be written
+                    ring.allreduce(own, bare_out)
+                    wrong["bare ring"] += world.allreduce(close_wrong(bare_out, inputs))
             if world.rank == 0:
                 lab, gloo = allreduce_point(x.nbytes, t["lab"], n), allreduce_point(x.nbytes, t["gloo"], n)
                 for point, side in ((lab, "lab"), (gloo, "gloo")):
                     point["cpu_user_us"], point["cpu_sys_us"] = (v * 1e6 for v in cpu[side])
                 bl, bg = lab["busbw"], gloo["busbw"]
                 plan = comm.plan("AllReduce", x.size, x.dtype, registered)
-                tcp = f"{'-':>10} {'-':>10}"
+                tcp = f"{'-':>10} {'-':>10} {'-':>10} {'-':>10}"
                 if "tcp" in t:
-                    floor = allreduce_point(x.nbytes, t["tcp"], n)
-                    tcp = f"{floor['time_us']:>10.1f} {floor['busbw']:>10.2f}"
+                    floor, bare = allreduce_point(x.nbytes, t["tcp"], n), allreduce_point(x.nbytes, t["bare"], n)
+                    tcp = " ".join(f"{p['time_us']:>10.1f} {p['busbw']:>10.2f}" for p in (floor, bare))
                     floor_pts.append(floor)
+                    bare_pts.append(bare)
                 print(f"  {x.nbytes:>10} {plan.algo + '/' + plan.proto:>12} {t['lab'] * 1e6:>10.1f} {bl:>10.2f} "
                       f"{t['gloo'] * 1e6:>10.1f} {bg:>10.2f} {bl / bg if bg else 0:>8.2f} {tcp}", flush=True)
                 lab_pts.append(lab)
@@ -196,8 +212,9 @@ def main() -> int:
             print(f"# {lab['size']:>10} {lab['cpu_user_us']:>10.1f} {lab['cpu_sys_us']:>10.1f} "
                   f"{gloo['cpu_user_us']:>10.1f} {gloo['cpu_sys_us']:>10.1f}")
         print(f"# check (sizes up to {CHECK_MAX >> 20} MiB): lab bitwise against NCCL's order: {wrong['lab']} wrong; "
-              f"Gloo within float32 rounding of the exact sum (its own order): {wrong['Gloo']} wrong")
-        for line in goals(shape, lab_pts, gloo_pts, floor_pts, local / cores):
+              f"Gloo within float32 rounding of the exact sum (its own order): {wrong['Gloo']} wrong"
+              + (f"; the bare ring likewise (ring order): {wrong['bare ring']} wrong" if ring is not None else ""))
+        for line in goals(shape, lab_pts, gloo_pts, floor_pts, local / cores, bare_pts):
             print(line)
         if a.json:
             series = [{"label": f"nccl-lab AllReduce n={n}, {shape} nodes, beside Gloo", "points": lab_pts},
@@ -206,6 +223,8 @@ def main() -> int:
             if floor_pts:
                 series.append({"label": f"a ring's bytes alone over loopback TCP n={n}, {shape} nodes "
                                         f"(tcp_floor.py)", "points": floor_pts})
+                series.append({"label": f"a bare ring AllReduce over loopback TCP n={n}, {shape} nodes "
+                                        f"(tcp_floor.py)", "points": bare_pts})
             with open(a.json, "w") as f:
                 json.dump(series, f, indent=1)
     if ring is not None:

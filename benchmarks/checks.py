@@ -58,17 +58,19 @@ def lowest_ratio(lab: list, peer: list, lo: int, hi: int) -> tuple[dict, dict, f
     return min(pts, key=lambda p: p[2]) if pts else None
 
 
-def floor_note(floor: list, peer: list, lo: int, hi: int, want: float, what: str, peer_name: str) -> str:
+def floor_note(floor: list, peer: list, lo: int, hi: int, want: float, what: str, peer_name: str,
+               kind: str = "floor", verb: str = "reach") -> str:
     """What a goal NOT met adds when a floor measured beside it (``{"size", "busbw"}`` points, the peer's sizes)
     stays under the ratio asked somewhere from ``lo`` to ``hi`` bytes: the size where the floor's ratio to the peer is
-    lowest, and that ratio; '' where the floor clears the ratio everywhere (or was not measured there)."""
+    lowest, and that ratio; '' where the floor clears the ratio everywhere (or was not measured there).  ``kind``
+    names the measurement in the note (a reference that is no strict floor says so), ``verb`` agrees with ``what``."""
     peer_at = {p["size"]: p["busbw"] for p in peer}
     under = [(f["size"], f["busbw"] / peer_at[f["size"]]) for f in floor
              if lo <= f["size"] <= hi and peer_at.get(f["size"]) and f["busbw"] / peer_at[f["size"]] < want]
     if not under:
         return ""
     size, ratio = min(under, key=lambda u: u[1])
-    return f" (floor: at {size} B {what} reach {ratio:.2f}x {peer_name}'s busbw, under the {want:.1f}x asked)"
+    return f" ({kind}: at {size} B {what} {verb} {ratio:.2f}x {peer_name}'s busbw, under the {want:.1f}x asked)"
 
 
 def busbw_goals(who: str, lab: list, peer: list, bands: list[tuple[str, float, int, int]]) -> list[str]:

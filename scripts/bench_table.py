@@ -7,7 +7,8 @@ DIR holds what ``./lab bench`` leaves there:
 * ``allreduce_vs_mpi-n<N>.json`` (the benchmark's ``--json`` series: ours and MPI's points) and
   ``allreduce_vs_mpi-n<N>.txt`` (its printed table, for each size's algorithm/protocol and the goal lines);
   ``allreduce_vs_gloo-<K>x<M>-n<N>.json`` and ``.txt`` alike (ours and Gloo's across K emulated nodes of M ranks,
-  and, at K x 1, a third series: a ring's bytes alone over loopback TCP, ``benchmarks/tcp_floor.py``);
+  and, at K x 1, a third and a fourth series: a ring's bytes alone over loopback TCP and a bare ring AllReduce
+  over the same sockets, ``benchmarks/tcp_floor.py``);
 * ``tuning_check-n<N>.txt`` and ``tuning_check-<K>x<M>-n<N>.txt`` (across K emulated nodes of M ranks): only
   their goal lines (the cost model's pick against each forced pair);
 * ``latency-n<N>.txt`` and ``net_vs_shm-n<N>.txt``: ``benchmarks/latency.py`` and ``benchmarks/net_vs_shm.py``
@@ -116,8 +117,10 @@ PEERS = {  # side-by-side benchmark -> its peer's column name in the printed hea
     "allreduce_vs_mpi": ("mpi", "MPI `Allreduce`"),
     "allreduce_vs_gloo": ("gloo", "Gloo `all_reduce`"),
 }
-# columns after the ratio, and the row label of the --json series past the first two (allreduce_vs_gloo's floor)
-EXTRA = {"allreduce_vs_gloo": (["tcp", "us", "tcp", "busbw"], ["a ring's bytes alone over loopback TCP"]),
+# columns after the ratio, and the row labels of the --json series past the first two (allreduce_vs_gloo's floor
+# and bare ring)
+EXTRA = {"allreduce_vs_gloo": (["tcp", "us", "tcp", "busbw", "bare", "us", "bare", "busbw"],
+                              ["a ring's bytes alone over loopback TCP", "a bare ring AllReduce over loopback TCP"]),
          # the FIFO floor's two columns and core_probe.py's (the machine's state): columns, not series
          "allreduce_vs_mpi": (["fifo", "us", "fifo", "busbw", "xcore", "GB/s"], [])}
 

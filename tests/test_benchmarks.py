@@ -28,10 +28,11 @@ VERDICT = r"(?:met|NOT met)$"  # how every goal line ends (issue 27's goals: the
 TINY = {
     "allreduce_vs_gloo.py": (["mpirun", "-n", "2"], ["--nodes", "2", "-b", "8", "-e", "64", "-f", "8", "-n", "3",
                                                      "--rounds", "1", "--json", "{out}/gloo.json"],
-                             ROW + r"\w+/\w+\s+(?:[\d.]+\s+){6}[\d.]+\s*$(?s:.*)"
+                             ROW + r"\w+/\w+\s+(?:[\d.]+\s+){8}[\d.]+\s*$(?s:.*)"
                              r"^# CPU per rank per call, user \+ sys .*: 2 ranks on \d+ cores here$\n^#\s+size.*\n"
                              r"^#\s+8(?:\s+[\d.]+){4}$\n^#\s+64(?:\s+[\d.]+){4}$\n"
-                             r"^# check .*NCCL's order: 0 wrong; Gloo within float32 rounding .*: 0 wrong$\n"
+                             r"^# check .*NCCL's order: 0 wrong; Gloo within float32 rounding .*: 0 wrong; the "
+                             r"bare ring likewise \(ring order\): 0 wrong$\n"
                              r"^# goal 2 x 1 vs Gloo: busbw >= 1.0x at every size: lowest [\d.]+x at (?:8|64) B -> "
                              r"(?:met|NOT met(?: \(at (?:8|64) B each rank's CPU per call, user \+ sys: "
                              r"ours [\d.]+ [mu]s, Gloo's [\d.]+ [mu]s; ours used \d+% of its share of the cores, "
@@ -120,16 +121,19 @@ def test_benchmark_runs_tiny_and_prints_its_table(script, tmp_path):
 
 
 def gloo_json_holds_both_lines(path, printed):
-    """``allreduce_vs_gloo.py --json``: ours and Gloo's series, the printed sizes and times, the shape in both."""
+    """``allreduce_vs_gloo.py --json``: ours and Gloo's series, the printed sizes and times, the shape in both;
+    every hop over TCP, so the floor and the bare ring too, whose sums were checked."""
     from visualize import curves
-    lab, gloo, floor = curves.load_series(str(path))  # 2 x 1: every hop over TCP, so the floor is measured
+    lab, gloo, floor, bare = curves.load_series(str(path))  # 2 x 1: every hop over TCP
     assert lab["label"] == "nccl-lab AllReduce n=2, 2 x 1 nodes, beside Gloo", lab
     assert gloo["label"].startswith("Gloo all_reduce n=2, 2 x 1 nodes (torch "), gloo
     assert floor["label"] == "a ring's bytes alone over loopback TCP n=2, 2 x 1 nodes (tcp_floor.py)", floor
-    assert lab["size"] == gloo["size"] == floor["size"] == [8, 64]
+    assert bare["label"] == "a bare ring AllReduce over loopback TCP n=2, 2 x 1 nodes (tcp_floor.py)", bare
+    assert lab["size"] == gloo["size"] == floor["size"] == bare["size"] == [8, 64]
+    assert "; the bare ring likewise (ring order): 0 wrong" in printed, printed
     rows = [line.split() for line in printed.splitlines() if re.match(r"^\s+\d+\s", line)]
     series = json.load(open(path))
-    for column, k in ((2, 0), (4, 1), (7, 2)):  # lab, Gloo and the floor: printed and saved alike
+    for column, k in ((2, 0), (4, 1), (7, 2), (9, 3)):  # lab, Gloo, the floor, the bare ring: printed and saved alike
         assert [float(r[column]) for r in rows] == pytest.approx([p["time_us"] for p in series[k]["points"]],
                                                                  abs=0.051), (column, rows)
 
@@ -146,6 +150,13 @@ def test_gloo_goal_names_the_tcp_floor_where_it_is_under_the_ratio_asked():
     assert lines[1].endswith("-> NOT met (floor: at 16777216 B a ring's bytes alone over loopback TCP reach 1.10x "
                              "Gloo's busbw, under the 1.2x asked)"), lines
     assert goals("4 x 1", lab, gloo, None) == [line.split(" (floor")[0] for line in lines]
+    # the floor clears 1.2x, the bare ring (bytes and additions) does not: said of the bare ring, not as a floor
+    bare = goals("4 x 1", lab, gloo, [pt(8, 5.0), pt(16 << 20, 1.3)], bare=[pt(8, 4.0), pt(16 << 20, 1.05)])
+    assert bare[1].endswith("-> NOT met (bare ring: at 16777216 B a bare ring AllReduce over loopback TCP (the bytes "
+                            "and numpy's additions, step by step) reaches 1.05x Gloo's busbw, under the 1.2x asked)"), bare
+    assert bare[0] == lines[0]  # 1.05x > 1.0x: nothing
+    both = goals("4 x 1", lab, gloo, [pt(8, 5.0), pt(16 << 20, 1.1)], bare=[pt(8, 4.0), pt(16 << 20, 1.05)])
+    assert both == lines  # the floor under the ratio: the stronger statement alone
 
 
 def test_gloo_goal_gives_both_sides_cpu_where_ours_is_cpu_bound():
@@ -301,10 +312,11 @@ def test_main_job_hands_the_runner_flags_to_every_run_and_plots_the_side_by_side
 
 
 # --- ./lab bench's folder: its curves and its table ---------------------------------------------------------------
-def series_file(path, lab_label, peer_label, points, floor_label=None):
+def series_file(path, lab_label, peer_label, points, extra_labels=()):
     """A side-by-side --json file: ours and the peer's points {size: (lab us, lab busbw, peer us, peer busbw[,
-    floor us, floor busbw])}, and with ``floor_label`` the third series (allreduce_vs_gloo's TCP floor)."""
-    labels = [lab_label, peer_label] + ([floor_label] if floor_label else [])
+    floor us, floor busbw, ...])}, and with ``extra_labels`` the series after those two (allreduce_vs_gloo's TCP
+    floor and bare ring)."""
+    labels = [lab_label, peer_label, *extra_labels]
     path.write_text(json.dumps([{"label": label, "points": [{"size": s, "time_us": v[2 * k], "busbw": v[2 * k + 1],
                                                              "algbw": v[2 * k + 1]} for s, v in points.items()]}
                                 for k, label in enumerate(labels)]))
@@ -316,19 +328,23 @@ def bench_dir(tmp_path):
                 "MPI Allreduce n=2 (MPICH)", {8: (5.0, 0.001, 2.5, 0.002), 1 << 21: (900.0, 2.33, 800.0, 2.62)})
     series_file(tmp_path / "allreduce_vs_mpi-n4.json", "nccl-lab AllReduce Ring n=4, beside MPI",
                 "MPI Allreduce n=4 (MPICH)", {8: (9.0, 0.001, 4.0, 0.003), 1 << 21: (1900.0, 1.6, 1000.0, 3.1)})
-    for shape, points in (("4x1", {8: (40.0, 0.0003, 60.0, 0.0002, 20.0, 0.0006),
-                                   16 << 20: (9e4, 0.28, 7e4, 0.36, 6.5e4, 0.39)}),
+    for shape, points in (("4x1", {8: (40.0, 0.0003, 60.0, 0.0002, 20.0, 0.0006, 30.0, 0.0004),
+                                   16 << 20: (9e4, 0.28, 7e4, 0.36, 6.5e4, 0.39, 7.2e4, 0.35)}),
                           ("2x2", {8: (30.0, 0.0004, 60.0, 0.0002, 20.0, 0.0006),
                                    16 << 20: (5e4, 0.5, 7e4, 0.36, 6.5e4, 0.39)})):
         nodes = shape.replace("x", " x ")
         series_file(tmp_path / f"allreduce_vs_gloo-{shape}-n4.json", f"nccl-lab AllReduce n=4, {nodes} nodes, "
                     f"beside Gloo", f"Gloo all_reduce n=4, {nodes} nodes (torch 2.13.0+cpu)", points,
-                    "a ring's bytes alone over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)" if shape == "4x1" else None)
+                    ["a ring's bytes alone over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)",
+                     "a bare ring AllReduce over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)"] if shape == "4x1" else ())
     (tmp_path / "allreduce_vs_gloo-4x1-n4.txt").write_text(
         "# AllReduce float32 sum, n=4 as 4 x 1 emulated nodes (...): nccl-lab (...) vs torch.distributed Gloo\n"
-        "#       size   algo/proto     lab us  lab busbw    gloo us gloo busbw lab/gloo     tcp us  tcp busbw\n"
-        "           8  Tree/Simple       40.0       0.00       60.0       0.00     1.50       20.0       0.00\n"
-        "    16777216  Ring/Simple    90000.0       0.28    70000.0       0.36     0.78    65000.0       0.39\n"
+        "#       size   algo/proto     lab us  lab busbw    gloo us gloo busbw lab/gloo     tcp us  tcp busbw    bare us "
+        "bare busbw\n"
+        "           8  Tree/Simple       40.0       0.00       60.0       0.00     1.50       20.0       0.00       30.0 "
+        "      0.00\n"
+        "    16777216  Ring/Simple    90000.0       0.28    70000.0       0.36     0.78    65000.0       0.39    72000.0 "
+        "      0.35\n"
         "# CPU per rank per call, user + sys over every thread of the process (us; ...): 4 ranks on 2 cores here\n"
         "#       size   lab user    lab sys  gloo user   gloo sys\n"
         "#          8       12.0       30.0      200.0      300.0\n"
@@ -361,6 +377,8 @@ def test_bench_table_reads_the_gloo_series_and_every_goal_line(tmp_path):
     assert "| `allreduce_vs_gloo.py`, n = 4, 2 × 2 nodes | Gloo `all_reduce` | 60.0 |" in out, out
     assert ("| `allreduce_vs_gloo.py`, n = 4, 4 × 1 nodes | a ring's bytes alone over loopback TCP | 20.0 |  | 0.39 |"
             in out), out
+    assert ("| `allreduce_vs_gloo.py`, n = 4, 4 × 1 nodes | a bare ring AllReduce over loopback TCP | 30.0 |  | 0.35 |"
+            in out), out
     assert "| `allreduce_vs_mpi.py`, n = 4 | MPI `Allreduce` | 4.00 |" in out, out
     assert ("* `allreduce_vs_gloo.py`, n = 4, 4 × 1 nodes: goal 4 x 1 vs Gloo: busbw >= 1.2x at >= 16 MiB: lowest "
             "0.78x at 16777216 B -> NOT met (at 16777216 B each rank's CPU per call") in out, out
@@ -381,7 +399,8 @@ def test_bench_curves_draw_one_panel_per_n_with_the_json_points(tmp_path):
         "nccl-lab AllReduce Ring n=4, beside MPI", "MPI Allreduce n=4 (MPICH)",
         "nccl-lab AllReduce n=4, 4 x 1 nodes, beside Gloo", "Gloo all_reduce n=4, 4 x 1 nodes (torch 2.13.0+cpu)",
         "nccl-lab AllReduce n=4, 2 x 2 nodes, beside Gloo", "Gloo all_reduce n=4, 2 x 2 nodes (torch 2.13.0+cpu)",
-        "a ring's bytes alone over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)"])
+        "a ring's bytes alone over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)",
+        "a bare ring AllReduce over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)"])
     for f in files:  # every point of every file, as drawn
         for s in json.loads(open(f).read()):
             n = "n = 4" if "n=4" in s["label"] else "n = 2"
