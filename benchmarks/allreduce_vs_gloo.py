@@ -161,7 +161,8 @@ def main() -> int:
                   f"{'registered, -R 1' if a.local_register else 'not registered, -R 0'}) vs torch.distributed Gloo "
                   f"(torch {torch.__version__}, {threads} intra-op thread{'s' if threads != 1 else ''}, loopback TCP)")
             print(f"# {'size':>10} {'algo/proto':>12} {'lab us':>10} {'lab busbw':>10} {'gloo us':>10} "
-                  f"{'gloo busbw':>10} {'lab/gloo':>8} {'tcp us':>10} {'tcp busbw':>10} {'bare us':>10} {'bare busbw':>10}")
+                  f"{'gloo busbw':>10} {'lab/gloo':>8} {'tcp us':>10} {'tcp busbw':>10} {'bare us':>10} "
+                  f"{'bare busbw':>10}")
         for size in sizes(a):
             x = np.random.default_rng(world.rank).uniform(-1, 1, max(1, size // 4)).astype(np.float32)
             out = np.empty_like(x)
@@ -185,9 +186,9 @@ def main() -> int:
                 wrong["Gloo"] += world.allreduce(close_wrong(mine.numpy(), inputs))
                 if ring is not None:
                     own = np.asarray(inputs[world.rank]).copy()
-                    bare_out = np.full_like(own, np.nan)  # poisoned: every element must be written
-                    ring.allreduce(own, bare_out)
-                    wrong["bare ring"] += world.allreduce(close_wrong(bare_out, inputs))
+                    summed = np.full_like(own, np.nan)  # poisoned: every element must be written
+                    ring.allreduce(own, summed)
+                    wrong["bare ring"] += world.allreduce(close_wrong(summed, inputs))
             if world.rank == 0:
                 lab, gloo = allreduce_point(x.nbytes, t["lab"], n), allreduce_point(x.nbytes, t["gloo"], n)
                 for point, side in ((lab, "lab"), (gloo, "gloo")):

@@ -153,7 +153,8 @@ def test_gloo_goal_names_the_tcp_floor_where_it_is_under_the_ratio_asked():
     # the floor clears 1.2x, the bare ring (bytes and additions) does not: said of the bare ring, not as a floor
     bare = goals("4 x 1", lab, gloo, [pt(8, 5.0), pt(16 << 20, 1.3)], bare=[pt(8, 4.0), pt(16 << 20, 1.05)])
     assert bare[1].endswith("-> NOT met (bare ring: at 16777216 B a bare ring AllReduce over loopback TCP (the bytes "
-                            "and numpy's additions, step by step) reaches 1.05x Gloo's busbw, under the 1.2x asked)"), bare
+                            "and numpy's additions, step by step) reaches 1.05x Gloo's busbw, under the 1.2x "
+                            "asked)"), bare
     assert bare[0] == lines[0]  # 1.05x > 1.0x: nothing
     both = goals("4 x 1", lab, gloo, [pt(8, 5.0), pt(16 << 20, 1.1)], bare=[pt(8, 4.0), pt(16 << 20, 1.05)])
     assert both == lines  # the floor under the ratio: the stronger statement alone
@@ -336,15 +337,16 @@ def bench_dir(tmp_path):
         series_file(tmp_path / f"allreduce_vs_gloo-{shape}-n4.json", f"nccl-lab AllReduce n=4, {nodes} nodes, "
                     f"beside Gloo", f"Gloo all_reduce n=4, {nodes} nodes (torch 2.13.0+cpu)", points,
                     ["a ring's bytes alone over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)",
-                     "a bare ring AllReduce over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)"] if shape == "4x1" else ())
+                     "a bare ring AllReduce over loopback TCP n=4, 4 x 1 nodes (tcp_floor.py)"]
+                    if shape == "4x1" else ())
     (tmp_path / "allreduce_vs_gloo-4x1-n4.txt").write_text(
         "# AllReduce float32 sum, n=4 as 4 x 1 emulated nodes (...): nccl-lab (...) vs torch.distributed Gloo\n"
-        "#       size   algo/proto     lab us  lab busbw    gloo us gloo busbw lab/gloo     tcp us  tcp busbw    bare us "
-        "bare busbw\n"
-        "           8  Tree/Simple       40.0       0.00       60.0       0.00     1.50       20.0       0.00       30.0 "
-        "      0.00\n"
-        "    16777216  Ring/Simple    90000.0       0.28    70000.0       0.36     0.78    65000.0       0.39    72000.0 "
-        "      0.35\n"
+        "#       size   algo/proto     lab us  lab busbw    gloo us gloo busbw lab/gloo     tcp us  tcp busbw"
+        "    bare us bare busbw\n"
+        "           8  Tree/Simple       40.0       0.00       60.0       0.00     1.50       20.0       0.00"
+        "       30.0       0.00\n"
+        "    16777216  Ring/Simple    90000.0       0.28    70000.0       0.36     0.78    65000.0       0.39"
+        "    72000.0       0.35\n"
         "# CPU per rank per call, user + sys over every thread of the process (us; ...): 4 ranks on 2 cores here\n"
         "#       size   lab user    lab sys  gloo user   gloo sys\n"
         "#          8       12.0       30.0      200.0      300.0\n"
