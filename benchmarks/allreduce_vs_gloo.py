@@ -56,7 +56,7 @@ from collectives.job import node_hostid  # noqa: E402
 from collectives.perf.args import sizes  # noqa: E402
 from checks import CHECK_MAX, busbw_goals, close_wrong, floor_note, inputs_for, lab_wrong, lowest_ratio  # noqa: E402
 from tcp_floor import TcpRing  # noqa: E402
-from timing import add_side_by_side_args, allreduce_point, iters_for, timed_rounds  # noqa: E402
+from timing import add_side_by_side_args, allreduce_point, iters_for, point_cells, timed_rounds  # noqa: E402
 
 
 def free_port() -> int:
@@ -195,12 +195,12 @@ def main() -> int:
                     point["cpu_user_us"], point["cpu_sys_us"] = (v * 1e6 for v in cpu[side])
                 bl, bg = lab["busbw"], gloo["busbw"]
                 plan = comm.plan("AllReduce", x.size, x.dtype, registered)
-                tcp = f"{'-':>10} {'-':>10} {'-':>10} {'-':>10}"
+                floor = bare = None
                 if "tcp" in t:
                     floor, bare = allreduce_point(x.nbytes, t["tcp"], n), allreduce_point(x.nbytes, t["bare"], n)
-                    tcp = " ".join(f"{p['time_us']:>10.1f} {p['busbw']:>10.2f}" for p in (floor, bare))
                     floor_pts.append(floor)
                     bare_pts.append(bare)
+                tcp = f"{point_cells(floor)} {point_cells(bare)}"
                 print(f"  {x.nbytes:>10} {plan.algo + '/' + plan.proto:>12} {t['lab'] * 1e6:>10.1f} {bl:>10.2f} "
                       f"{t['gloo'] * 1e6:>10.1f} {bg:>10.2f} {bl / bg if bg else 0:>8.2f} {tcp}", flush=True)
                 lab_pts.append(lab)

@@ -28,7 +28,7 @@ import collectives
 from collectives.perf.args import sizes
 from checks import CHECK_MAX, busbw_goals, floor_note, lab_wrong, lowest_ratio, verdict
 from core_probe import CoreProbe
-from timing import add_side_by_side_args, allreduce_point, iters_for, timed_rounds
+from timing import add_side_by_side_args, allreduce_point, iters_for, point_cells, timed_rounds
 
 
 
@@ -95,16 +95,15 @@ def main() -> int:
                 wrong += lab_wrong(comm, world, size, seed=size)
             if comm.rank == 0:
                 lab, mpi = allreduce_point(size, t_lab, n), allreduce_point(size, t_mpi, n)
-                floor = f"{'-':>10} {'-':>10}"
-                if "fifo" in t:
-                    fifo_pts.append(allreduce_point(size, t["fifo"], n))
-                    floor = f"{fifo_pts[-1]['time_us']:>10.1f} {fifo_pts[-1]['busbw']:>10.2f}"
+                floor = allreduce_point(size, t["fifo"], n) if "fifo" in t else None
+                if floor is not None:
+                    fifo_pts.append(floor)
                 bl, bm = lab["busbw"], mpi["busbw"]
                 plan = comm.plan("AllReduce", x.size, x.dtype)
                 algos.add(plan.algo)
                 print(f"  {size:>10} {plan.algo + '/' + plan.proto:>12} {t_lab * 1e6:>10.1f} {bl:>10.2f} "
-                      f"{t_mpi * 1e6:>10.1f} {bm:>10.2f} {bl / bm if bm else 0:>8.2f} {floor} {xcore[size]:>10.1f}",
-                      flush=True)
+                      f"{t_mpi * 1e6:>10.1f} {bm:>10.2f} {bl / bm if bm else 0:>8.2f} {point_cells(floor)} "
+                      f"{xcore[size]:>10.1f}", flush=True)
                 lab_pts.append(lab)
                 mpi_pts.append(mpi)
         if comm.rank == 0:

@@ -73,6 +73,14 @@ def allreduce_point(nbytes: int, seconds: float, nranks: int) -> dict:
     return {"size": nbytes, "algbw": algbw, "busbw": algbw * (2 * (nranks - 1) / nranks), "time_us": seconds * 1e6}
 
 
+def point_cells(point: dict | None) -> str:
+    """A measured side's two columns in the printed tables, its time (us) and busbw, or '-' in both where the side
+    was not timed at that size."""
+    if point is None:
+        return f"{'-':>10} {'-':>10}"
+    return f"{point['time_us']:>10.1f} {point['busbw']:>10.2f}"
+
+
 def iters_for(size: int, calls: int, given: int = 0) -> int:
     """Timed calls per round at ``size`` bytes: ``given`` (-n) if set, else ``calls``, fewer so that a round moves
     about 64 MiB, never under 3."""
