@@ -2,8 +2,8 @@
 failures, and the network-namespace script."""
 import os
 import re
+import select
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -140,6 +140,46 @@ def test_closed_socket_mid_transfer_is_an_error(pair):
     send.close()  # the peer goes away: all its sockets close
     with pytest.raises(NetError, match="closed|reset"):
         wait(net, r)
+
+
+def test_a_payload_on_helper_threads_gives_the_waiting_rank_a_descriptor_to_sleep_on(monkeypatch):
+    """With ``NCCL_SOCKET_NTHREADS``, a receive whose payload a helper thread moves offers the helpers' signal
+    (``wait_fds``), which stays quiet until the task ends and is readable once it has: the rank sleeps in
+    ``select`` until then instead of polling ``test``."""
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("NCCL_SOCKET_NTHREADS", "1")
+    monkeypatch.setenv("NCCL_NSOCKS_PERTHREAD", "1")
+    fds = len(os.listdir("/proc/self/fd"))
+    net = SocketNet()
+    net.init()
+    handle, lc = net.listen(0)
+    deadline = time.monotonic() + 10
+    send = net.connect(0, handle, deadline)
+    recv = net.accept(lc, deadline)
+    try:
+        size = 1 << 20
+        data = np.random.default_rng(11).integers(0, 255, size, dtype=np.uint8)
+        out = np.zeros(size, np.uint8)
+        r = net.irecv(recv, [memoryview(out)], [size], [0], [None])
+        send.ctrl.setblocking(True)
+        send.ctrl.sendall(size.to_bytes(4, "little"))  # the header alone: the payload comes later
+        end = time.monotonic() + 5
+        while not r.tasks_left and time.monotonic() < end:  # the header read, the helper's task queued
+            assert net.test(r) == (False, size)
+        reads, writes = net.wait_fds(r)
+        assert reads and not writes, "offered nothing to wait on while a helper moves the payload"
+        assert select.select(reads, [], [], 0.2)[0] == [], "the signal fired before the task ended"
+        send.data[0].settimeout(5)
+        threading.Timer(0.3, send.data[0].sendall, args=(memoryview(data),)).start()
+        t0 = time.monotonic()
+        assert select.select(reads, [], [], 5)[0], "the signal never fired"
+        assert 0.2 < time.monotonic() - t0 < 4
+        assert wait(net, r) == size and np.array_equal(out, data)
+    finally:
+        net.close_send(send)
+        net.close_recv(recv)
+        net.close_listen(lc)
+    assert len(os.listdir("/proc/self/fd")) == fds, "a socket or the helpers' signal outlived its comm"
 
 
 # --- failures across processes --------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ bootstrap: a stranger on the network cannot present it.
 """
 from __future__ import annotations
 
+import os
 import queue
 import secrets
 import socket
@@ -72,9 +73,13 @@ class _Comm:
         self.next_sock = 0
         self.workers: list = []
         self.queues: list = []
+        # Ours: each helper counts a finished task here too, so that a rank whose oldest request waits on the
+        # helpers sleeps in select on this descriptor (``wait_fds``) rather than polling ``test``
+        self.done_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if nthreads and data else -1
         for t in range(nthreads if data else 0):
-            q: queue.Queue = queue.Queue()
-            w = threading.Thread(target=_helper, args=(q,), name=f"nccllab-socket-helper{t}", daemon=True)
+            q: queue.SimpleQueue = queue.SimpleQueue()
+            w = threading.Thread(target=_helper, args=(q, self.done_fd), name=f"nccllab-socket-helper{t}",
+                                 daemon=True)
             w.start()
             self.queues.append(q)
             self.workers.append(w)
@@ -95,6 +100,9 @@ class _Comm:
                     pass
             for w in self.workers:
                 w.join(timeout=2.0)
+        if self.done_fd >= 0 and not any(w.is_alive() for w in self.workers):  # a live helper may still signal it
+            os.close(self.done_fd)
+            self.done_fd = -1
         self.workers, self.queues = [], []
         for s in [self.ctrl, *self.data]:
             try:
@@ -104,8 +112,9 @@ class _Comm:
         self.requests.clear()  # their buffers are views of the connection's FIFOs
 
 
-def _helper(q: "queue.Queue") -> None:
-    """A helper thread: blocking sends/receives of tasks on data sockets (the GIL is released while in I/O)."""
+def _helper(q: "queue.SimpleQueue", done_fd: int) -> None:
+    """A helper thread: blocking sends/receives of tasks on data sockets (the GIL is released while in I/O); each
+    task's end is counted in ``tasks_left`` and signalled on ``done_fd``."""
     while True:
         task = q.get()
         if task is None:
@@ -127,6 +136,7 @@ def _helper(q: "queue.Queue") -> None:
         finally:
             with req.comm.lock:
                 req.tasks_left -= 1
+            os.eventfd_write(done_fd, 1)
 
 
 class SocketNet(NetPlugin):
@@ -216,6 +226,11 @@ class SocketNet(NetPlugin):
 
     def test(self, req: _Request) -> tuple[bool, int]:
         comm = req.comm
+        if comm.done_fd >= 0:  # re-arm the helpers' signal before looking at their counts: no end goes unseen
+            try:
+                os.eventfd_read(comm.done_fd)
+            except BlockingIOError:
+                pass
         while comm.requests:  # progress requests of this comm in order, as far as the socket allows
             head = comm.requests[0]
             if not self._progress(head):
@@ -227,12 +242,15 @@ class SocketNet(NetPlugin):
 
     def wait_fds(self, req: _Request) -> tuple[list, list]:
         """The control socket, when it is what the comm's oldest request (the one ``test`` moves first) waits on:
-        readable for a receive, writable for a send.  None while helper threads move a payload on the data
-        sockets (they block in I/O themselves)."""
+        readable for a receive, writable for a send; while helper threads move its payload on the data sockets,
+        their signal (``done_fd``), readable when a task ends.  NCCL's proxy spins on ``test`` there; sleeping
+        instead leaves the core to the helpers and to the other ranks (docs/measured.md has the measurement)."""
         comm = req.comm
         head = comm.requests[0] if comm.requests else None
-        if head is None or head.tasks_left or head.error:
+        if head is None or head.error:
             return [], []
+        if head.tasks_left:
+            return [comm.done_fd], []
         return ([], [comm.ctrl]) if head.is_send else ([comm.ctrl], [])
 
     def _progress(self, req: _Request) -> bool:
