@@ -54,7 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives  # noqa: E402
 from collectives.job import node_hostid  # noqa: E402
 from collectives.perf.args import sizes  # noqa: E402
-from checks import CHECK_MAX, busbw_goals, close_wrong, floor_note, inputs_for, lab_wrong, lowest_ratio  # noqa: E402
+from checks import CHECK_MAX, busbw_goals, close_wrong, floor_note, inputs_for, lab_wrong  # noqa: E402
 from tcp_floor import TcpRing  # noqa: E402
 from timing import add_side_by_side_args, allreduce_point, iters_for, point_cells, timed_rounds  # noqa: E402
 
@@ -87,30 +87,31 @@ def goals(shape: str, lab: list, gloo: list, floor: list | None = None,
     ranks this machine runs over its cores; points with ``cpu_user_us``/``cpu_sys_us``): a goal NOT met gives, at
     its lowest-ratio size, each side's CPU per rank per call when ours kept its share of the cores busy
     (``CPU_BOUND``), what each side spends there."""
-    lines = busbw_goals(f"{shape} vs Gloo", lab, gloo, BANDS)
-    for i, (_, want, lo, hi) in enumerate(BANDS):
-        if not lines[i].endswith("NOT met"):
-            continue
-        note = floor_note(floor, gloo, lo, hi, want, "a ring's bytes alone over loopback TCP", "Gloo") if floor else ""
-        if not note and bare:
-            note = floor_note(bare, gloo, lo, hi, want, "a bare ring AllReduce over loopback TCP (the bytes and "
-                              "numpy's additions, step by step)", "Gloo", "bare ring", "reaches")
-        lines[i] += note
-        if ranks_per_core:
-            lines[i] += cpu_note(lab, gloo, lo, hi, ranks_per_core)
+    lines = []
+    for goal in busbw_goals(f"{shape} vs Gloo", lab, gloo, BANDS):
+        line, want, lo, hi = goal.line, goal.want, goal.lo, goal.hi
+        if goal.missed:
+            note = ""
+            if floor:
+                note = floor_note(floor, gloo, lo, hi, want, "a ring's bytes alone over loopback TCP", "Gloo")
+            if not note and bare:
+                note = floor_note(bare, gloo, lo, hi, want, "a bare ring AllReduce over loopback TCP (the bytes and "
+                                  "numpy's additions, step by step)", "Gloo", "bare ring", "reaches")
+            line += note
+            if ranks_per_core:
+                line += cpu_note(goal.low, ranks_per_core)
+        lines.append(line)
     return lines
 
 
 CPU_BOUND = 0.8  # ours used at least this much of its share of the cores (wall / ranks a core): CPU-bound
 
 
-def cpu_note(lab: list, gloo: list, lo: int, hi: int, ranks_per_core: float) -> str:
-    """At the band's lowest-ratio size (``lowest_ratio``, the size its goal line names): each side's CPU per rank
-    per call, said when ours was CPU-bound.  Each side's user and sys are medians over the rounds taken apart."""
+def cpu_note(low: tuple[dict, dict, float], ranks_per_core: float) -> str:
+    """At a band's lowest-ratio point (``Goal.low``: ours, Gloo's, the ratio; the size its goal line names): each
+    side's CPU per rank per call, said when ours was CPU-bound.  Each side's user and sys are medians over the
+    rounds taken apart."""
     keys = ("cpu_user_us", "cpu_sys_us", "time_us")
-    low = lowest_ratio(lab, gloo, lo, hi)
-    if low is None:
-        return ""
     a, b, _ = low
     if not all(k in p for k in keys for p in (a, b)) or a["time_us"] <= 0:
         return ""

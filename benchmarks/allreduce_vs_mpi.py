@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 import collectives
 from collectives.perf.args import sizes
-from checks import CHECK_MAX, busbw_goals, floor_note, lab_wrong, lowest_ratio, verdict
+from checks import CHECK_MAX, busbw_goals, floor_note, lab_wrong, verdict
 from core_probe import CoreProbe
 from timing import add_side_by_side_args, allreduce_point, iters_for, point_cells, timed_rounds
 
@@ -50,12 +50,12 @@ def goals(n: int, lab: list, mpi: list, xcore: dict | None = None, fifo: list | 
         ratio = small[0][0]["time_us"] / small[0][1]["time_us"]
         lines.append(f"# goal n={n} vs MPI: 8 B time within 2x of MPI's: {small[0][0]['time_us']:.1f} us vs "
                      f"{small[0][1]['time_us']:.1f} us = {ratio:.2f}x -> {verdict(ratio <= 2.0)}")
-    for line, (_, want, lo, hi) in zip(busbw_goals(f"n={n} vs MPI", lab, mpi, BANDS), BANDS):
-        low = lowest_ratio(lab, mpi, lo, hi)
-        if low is not None and low[2] < want:  # NOT met: the notes are about the very size that missed
-            size = low[0]["size"]
+    for goal in busbw_goals(f"n={n} vs MPI", lab, mpi, BANDS):
+        line = goal.line
+        if goal.missed:  # the notes are about the very size that missed
+            size = goal.low[0]["size"]
             if fifo:
-                line += floor_note(fifo, mpi, size, size, want, FIFO_FLOOR, "MPICH")
+                line += floor_note(fifo, mpi, size, size, goal.want, FIFO_FLOOR, "MPICH")
             if xcore and size in xcore:
                 line += (f" (cross-core read at {size} B: {xcore[size]:.1f} GB/s, this run's highest "
                          f"{max(xcore.values()):.1f} GB/s)")

@@ -5,6 +5,8 @@ and the goal lines they end with.
 The benchmarks run as scripts, so ``import checks`` finds this file beside them."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from collectives.perf import reference
@@ -73,18 +75,35 @@ def floor_note(floor: list, peer: list, lo: int, hi: int, want: float, what: str
     return f" ({kind}: at {size} B {what} {verb} {ratio:.2f}x {peer_name}'s busbw, under the {want:.1f}x asked)"
 
 
-def busbw_goals(who: str, lab: list, peer: list, bands: list[tuple[str, float, int, int]]) -> list[str]:
-    """One goal line per band (label, least lab/peer busbw ratio, smallest size, largest size) over the measured
-    points, naming the lowest ratio and its size (``lowest_ratio``); a band with no measured size is NOT met,
+@dataclass
+class Goal:
+    """One band's busbw goal as measured: its line, the ratio asked, the band's bytes, and the band's lowest point
+    (``lowest_ratio``'s triple; None when no size was measured there)."""
+    line: str
+    want: float
+    lo: int
+    hi: int
+    low: tuple[dict, dict, float] | None
+
+    @property
+    def missed(self) -> bool:
+        """NOT met at a measured size: what the benchmarks' notes explain (a band not measured is NOT met too, and
+        its line says so, with nothing to explain)."""
+        return self.low is not None and self.low[2] < self.want
+
+
+def busbw_goals(who: str, lab: list, peer: list, bands: list[tuple[str, float, int, int]]) -> list[Goal]:
+    """One goal per band (label, least lab/peer busbw ratio, smallest size, largest size) over the measured points,
+    its line naming the lowest ratio and its size (``lowest_ratio``); a band with no measured size is NOT met,
     marked as not measured."""
-    lines = []
+    goals = []
     for label, want, lo, hi in bands:
         low = lowest_ratio(lab, peer, lo, hi)
         if low is not None:
             size, worst = low[0]["size"], low[2]
-            lines.append(f"# goal {who}: busbw >= {want:.1f}x at {label}: lowest {worst:.2f}x at {size} B "
-                         f"-> {verdict(worst >= want)}")
+            line = (f"# goal {who}: busbw >= {want:.1f}x at {label}: lowest {worst:.2f}x at {size} B "
+                    f"-> {verdict(worst >= want)}")
         else:  # a quick sweep (-e below the band): said, so that no goal goes missing from the run's lines
-            lines.append(f"# goal {who}: busbw >= {want:.1f}x at {label}: no size measured there -> NOT met "
-                         f"(not measured)")
-    return lines
+            line = f"# goal {who}: busbw >= {want:.1f}x at {label}: no size measured there -> NOT met (not measured)"
+        goals.append(Goal(line, want, lo, hi, low))
+    return goals
