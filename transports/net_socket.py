@@ -14,7 +14,9 @@ then the control socket, each starting with the handshake (magic, ``ncclSocketTy
 byte; the listener (``collectives.misc.listener``) drops any connection whose handshake or index is wrong, or that stays
 silent, and goes on accepting.  Deliberate difference: the magic is random per listener (NCCL's is the fixed
 ``NCCL_SOCKET_MAGIC`` unless that variable is set, which we honour), since the handle only travels over the
-bootstrap: a stranger on the network cannot present it.
+bootstrap: a stranger on the network cannot present it.  And each helper thread signals a finished task on an
+eventfd that ``wait_fds`` offers, so that a rank waiting on its helpers sleeps in ``select``, where NCCL's proxy
+spins on ``test``.
 """
 from __future__ import annotations
 
