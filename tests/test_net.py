@@ -4,6 +4,7 @@ import os
 import re
 import select
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -15,7 +16,7 @@ import pytest
 from workers import Case
 from conftest import ROOT, run_ranks, wait_request
 from transports.net_plugin import NetError
-from transports.net_socket import SocketNet
+from transports.net_socket import LOOPBACK_SNDBUF, SocketNet
 
 ALL = ["allreduce", "reducescatter", "allgather", "broadcast", "reduce"]
 
@@ -84,6 +85,20 @@ def pair(request, monkeypatch):
 wait = wait_request
 
 
+def wait_both(net, s, r, limit: float = 10.0) -> tuple[int, int]:
+    """Test a send and its receive in turn, as the two proxies do, until both complete (their sizes): a send
+    larger than the sockets' buffers completes only as its receive is read."""
+    end, done = time.monotonic() + limit, {}
+    while len(done) < 2 and time.monotonic() < end:
+        for i, q in enumerate((s, r)):
+            if i not in done:
+                ok, size = net.test(q)
+                if ok:
+                    done[i] = size
+    assert len(done) == 2, f"requests never completed: {sorted(done)} of send, receive"
+    return done[0], done[1]
+
+
 def test_isend_irecv_test_and_sizes(pair):
     net, send, recv = pair
     for size in (0, 1, 128, 129, 100_000, 3 << 20):
@@ -91,7 +106,7 @@ def test_isend_irecv_test_and_sizes(pair):
         out = np.zeros(size + 64, np.uint8)
         r = net.irecv(recv, [memoryview(out)], [len(out)], [0], [None])
         s = net.isend(send, memoryview(data), size, 0, None)
-        assert wait(net, s) == size and wait(net, r) == size
+        assert wait_both(net, s, r) == (size, size)
         assert np.array_equal(out[:size], data) and not out[size:].any()
 
 
@@ -140,6 +155,33 @@ def test_closed_socket_mid_transfer_is_an_error(pair):
     send.close()  # the peer goes away: all its sockets close
     with pytest.raises(NetError, match="closed|reset"):
         wait(net, r)
+
+
+@pytest.mark.parametrize("user", [None, 1 << 20], ids=["ours-on-loopback", "NCCL_SOCKET_SNDBUF"])
+def test_a_send_comm_over_loopback_caps_its_send_buffer_unless_the_user_sets_one(monkeypatch, user):
+    """Ours: a send comm to a loopback address gets ``LOOPBACK_SNDBUF`` on every socket (the kernel reports twice
+    what was set); ``NCCL_SOCKET_SNDBUF`` wins; the receiving side keeps the kernel's autotuning."""
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("NCCL_SOCKET_NTHREADS", "1")
+    monkeypatch.setenv("NCCL_NSOCKS_PERTHREAD", "1")
+    if user:
+        monkeypatch.setenv("NCCL_SOCKET_SNDBUF", str(user))
+    net = SocketNet()
+    net.init()
+    handle, lc = net.listen(0)
+    deadline = time.monotonic() + 10
+    send = net.connect(0, handle, deadline)
+    recv = net.accept(lc, deadline)
+    try:
+        want = 2 * (user or LOOPBACK_SNDBUF)
+        for s in [send.ctrl, *send.data]:
+            assert s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == want
+        if not user:
+            assert recv.ctrl.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) != want
+    finally:
+        net.close_send(send)
+        net.close_recv(recv)
+        net.close_listen(lc)
 
 
 def test_a_payload_on_helper_threads_gives_the_waiting_rank_a_descriptor_to_sleep_on(monkeypatch):

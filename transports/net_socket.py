@@ -14,12 +14,14 @@ then the control socket, each starting with the handshake (magic, ``ncclSocketTy
 byte; the listener (``collectives.misc.listener``) drops any connection whose handshake or index is wrong, or that stays
 silent, and goes on accepting.  Deliberate difference: the magic is random per listener (NCCL's is the fixed
 ``NCCL_SOCKET_MAGIC`` unless that variable is set, which we honour), since the handle only travels over the
-bootstrap: a stranger on the network cannot present it.  And each helper thread signals a finished task on an
-eventfd that ``wait_fds`` offers, so that a rank waiting on its helpers sleeps in ``select``, where NCCL's proxy
-spins on ``test``.
+bootstrap: a stranger on the network cannot present it.  A send comm to a loopback address (emulated nodes) gets
+a ``LOOPBACK_SNDBUF`` send buffer unless ``NCCL_SOCKET_SNDBUF`` is set, where NCCL leaves it to the kernel.  And
+each helper thread signals a finished task on an eventfd that ``wait_fds`` offers, so that a rank waiting on its
+helpers sleeps in ``select``, where NCCL's proxy spins on ``test``.
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import queue
 import secrets
@@ -40,6 +42,10 @@ MAX_NET_SIZE = 1 << 30            # NCCL_MAX_NET_SIZE
 # ncclNetSocketHandle: port, IPv4 address, magic, data sockets, helper threads
 HANDLE = struct.Struct("<H16sQii")
 SOCK_INDEX = struct.Struct("<B")  # each connection's first byte after the handshake: its index (nSocks = control)
+# Ours: a send comm's send buffer when its peer is a loopback address (emulated nodes) and NCCL_SOCKET_SNDBUF is
+# unset; NCCL leaves it to the kernel's autotuning.  On loopback the bytes in flight need little room, and a sender
+# that runs megabytes ahead of its reader made the reader's copy cost twice as much (docs/measured.md).
+LOOPBACK_SNDBUF = 256 << 10
 
 
 def socket_magic() -> int:
@@ -141,6 +147,20 @@ def _helper(q: "queue.SimpleQueue", done_fd: int) -> None:
             os.eventfd_write(done_fd, 1)
 
 
+def _cap_loopback_sndbuf(socks: list, host: str) -> None:
+    """``LOOPBACK_SNDBUF`` on a send comm's sockets when ``host`` is a loopback address, unless the user set
+    ``NCCL_SOCKET_SNDBUF`` (``sockets.set_flags`` has applied it)."""
+    if env_int("NCCL_SOCKET_SNDBUF", -1) > 0:
+        return
+    try:
+        loopback = ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return
+    if loopback:
+        for s in socks:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, LOOPBACK_SNDBUF)
+
+
 class SocketNet(NetPlugin):
     name = "Socket"
 
@@ -185,6 +205,7 @@ class SocketNet(NetPlugin):
             for s in socks:
                 s.close()
             raise
+        _cap_loopback_sndbuf(socks, host)
         return _Comm(socks[-1], socks[:-1], f"{host}:{port}", nthreads)
 
     def accept(self, listen_comm: Listener, deadline: float) -> _Comm:
