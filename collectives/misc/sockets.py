@@ -131,7 +131,8 @@ def listen(addr: str, port: int = 0, what: str = "socket") -> socket.socket:
 def set_flags(s: socket.socket) -> None:
     """``ncclOsSocketSetFlags`` (``src/os/linux.cc``): TCP_NODELAY, and the kernel's buffer sizes only when the user
     sets ``NCCL_SOCKET_SNDBUF`` / ``NCCL_SOCKET_RCVBUF`` (default -1: the kernel autotunes, which measured best here
-    against fixed 2 and 4 MiB on loopback)."""
+    against fixed 2 and 4 MiB on loopback; the socket plugin's send comms to a loopback peer take 256 KiB instead,
+    ``transports.net_socket.LOOPBACK_SNDBUF``)."""
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for name, opt in (("NCCL_SOCKET_SNDBUF", socket.SO_SNDBUF), ("NCCL_SOCKET_RCVBUF", socket.SO_RCVBUF)):
         size = env_int(name, -1)
