@@ -77,6 +77,20 @@ def run_ranks(nranks: int, worker: str, *args: str, env: dict | None = None, tim
     return proc
 
 
+def wait_pair(net, s, r, limit: float = 10.0) -> tuple[int, int]:
+    """Test a send and its receive in turn, as the two proxies do, until both complete (their sizes), or fail
+    after ``limit`` seconds: a send larger than the sockets' buffers completes only as its receive is read."""
+    end, done = time.monotonic() + limit, {}
+    while len(done) < 2 and time.monotonic() < end:
+        for i, q in enumerate((s, r)):
+            if i not in done:
+                ok, size = net.test(q)
+                if ok:
+                    done[i] = size
+    assert len(done) == 2, f"requests never completed: {sorted(done)} of send (0), receive (1)"
+    return done[0], done[1]
+
+
 def wait_request(net, req, limit: float = 10.0) -> int:
     """Test a net plugin request until it completes (its size), or fail after ``limit`` seconds."""
     end = time.monotonic() + limit

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from workers import Case
-from conftest import ROOT, run_ranks, wait_request
+from conftest import ROOT, run_ranks, wait_pair, wait_request
 from transports.net_plugin import NetError
 from transports.net_socket import LOOPBACK_SNDBUF, SocketNet
 
@@ -85,20 +85,6 @@ def pair(request, monkeypatch):
 wait = wait_request
 
 
-def wait_both(net, s, r, limit: float = 10.0) -> tuple[int, int]:
-    """Test a send and its receive in turn, as the two proxies do, until both complete (their sizes): a send
-    larger than the sockets' buffers completes only as its receive is read."""
-    end, done = time.monotonic() + limit, {}
-    while len(done) < 2 and time.monotonic() < end:
-        for i, q in enumerate((s, r)):
-            if i not in done:
-                ok, size = net.test(q)
-                if ok:
-                    done[i] = size
-    assert len(done) == 2, f"requests never completed: {sorted(done)} of send, receive"
-    return done[0], done[1]
-
-
 def test_isend_irecv_test_and_sizes(pair):
     net, send, recv = pair
     for size in (0, 1, 128, 129, 100_000, 3 << 20):
@@ -106,7 +92,7 @@ def test_isend_irecv_test_and_sizes(pair):
         out = np.zeros(size + 64, np.uint8)
         r = net.irecv(recv, [memoryview(out)], [len(out)], [0], [None])
         s = net.isend(send, memoryview(data), size, 0, None)
-        assert wait_both(net, s, r) == (size, size)
+        assert wait_pair(net, s, r) == (size, size)
         assert np.array_equal(out[:size], data) and not out[size:].any()
 
 

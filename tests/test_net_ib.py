@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import wait_request
+from conftest import wait_pair, wait_request
 from transports.net_ib import IbNet
 from transports.net_ib.common import IB_WRITE_CHUNK_ALIGNMENT
 from transports.net_ib.init import hca_selected, parse_hca
@@ -72,7 +72,7 @@ def test_sizes(pair):
         out = np.zeros(size + 64, np.uint8)
         r = post(net.irecv, recv, [memoryview(out)], [len(out)], [0], [None])
         s = post(net.isend, send, memoryview(data), size, 0, None)
-        assert wait(net, s) == size and wait(net, r) == size
+        assert wait_pair(net, s, r) == (size, size)
         assert np.array_equal(out[:size], data) and not out[size:].any()
 
 
