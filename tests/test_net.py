@@ -1,5 +1,6 @@
 """The NET transport over the socket plugin: bitwise results across emulated nodes, the plugin's semantics,
 failures, and the network-namespace script."""
+import contextlib
 import os
 import re
 import select
@@ -65,21 +66,30 @@ def test_transport_log_lines():
 
 # --- the plugin itself, in one process over loopback ---------------------------------------------------------
 
-@pytest.fixture(params=[(0, 0), (2, 2)], ids=["control-socket", "2-threads-x-2-sockets"])
-def pair(request, monkeypatch):
+@contextlib.contextmanager
+def socket_pair(monkeypatch, nthreads: int, nsocks: int):
+    """A connected send and receive comm of the socket plugin over loopback, closed on the way out."""
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
-    monkeypatch.setenv("NCCL_SOCKET_NTHREADS", str(request.param[0]))
-    monkeypatch.setenv("NCCL_NSOCKS_PERTHREAD", str(request.param[1]))
+    monkeypatch.setenv("NCCL_SOCKET_NTHREADS", str(nthreads))
+    monkeypatch.setenv("NCCL_NSOCKS_PERTHREAD", str(nsocks))
     net = SocketNet()
     net.init()
     handle, lc = net.listen(0)
     deadline = time.monotonic() + 10
     send = net.connect(0, handle, deadline)
     recv = net.accept(lc, deadline)
-    yield net, send, recv
-    net.close_send(send)
-    net.close_recv(recv)
-    net.close_listen(lc)
+    try:
+        yield net, send, recv
+    finally:
+        net.close_send(send)
+        net.close_recv(recv)
+        net.close_listen(lc)
+
+
+@pytest.fixture(params=[(0, 0), (2, 2)], ids=["control-socket", "2-threads-x-2-sockets"])
+def pair(request, monkeypatch):
+    with socket_pair(monkeypatch, *request.param) as comms:
+        yield comms
 
 
 wait = wait_request
@@ -147,44 +157,22 @@ def test_closed_socket_mid_transfer_is_an_error(pair):
 def test_a_send_comm_over_loopback_caps_its_send_buffer_unless_the_user_sets_one(monkeypatch, user):
     """Ours: a send comm to a loopback address gets ``LOOPBACK_SNDBUF`` on every socket (the kernel reports twice
     what was set); ``NCCL_SOCKET_SNDBUF`` wins; the receiving side keeps the kernel's autotuning."""
-    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
-    monkeypatch.setenv("NCCL_SOCKET_NTHREADS", "1")
-    monkeypatch.setenv("NCCL_NSOCKS_PERTHREAD", "1")
     if user:
         monkeypatch.setenv("NCCL_SOCKET_SNDBUF", str(user))
-    net = SocketNet()
-    net.init()
-    handle, lc = net.listen(0)
-    deadline = time.monotonic() + 10
-    send = net.connect(0, handle, deadline)
-    recv = net.accept(lc, deadline)
-    try:
+    with socket_pair(monkeypatch, 1, 1) as (net, send, recv):
         want = 2 * (user or LOOPBACK_SNDBUF)
         for s in [send.ctrl, *send.data]:
             assert s.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) == want
         if not user:
             assert recv.ctrl.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) != want
-    finally:
-        net.close_send(send)
-        net.close_recv(recv)
-        net.close_listen(lc)
 
 
 def test_a_payload_on_helper_threads_gives_the_waiting_rank_a_descriptor_to_sleep_on(monkeypatch):
     """With ``NCCL_SOCKET_NTHREADS``, a receive whose payload a helper thread moves offers the helpers' signal
     (``wait_fds``), which stays quiet until the task ends and is readable once it has: the rank sleeps in
     ``select`` until then instead of polling ``test``."""
-    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "lo")
-    monkeypatch.setenv("NCCL_SOCKET_NTHREADS", "1")
-    monkeypatch.setenv("NCCL_NSOCKS_PERTHREAD", "1")
     fds = len(os.listdir("/proc/self/fd"))
-    net = SocketNet()
-    net.init()
-    handle, lc = net.listen(0)
-    deadline = time.monotonic() + 10
-    send = net.connect(0, handle, deadline)
-    recv = net.accept(lc, deadline)
-    try:
+    with socket_pair(monkeypatch, 1, 1) as (net, send, recv):
         size = 1 << 20
         data = np.random.default_rng(11).integers(0, 255, size, dtype=np.uint8)
         out = np.zeros(size, np.uint8)
@@ -203,10 +191,6 @@ def test_a_payload_on_helper_threads_gives_the_waiting_rank_a_descriptor_to_slee
         assert select.select(reads, [], [], 5)[0], "the signal never fired"
         assert 0.2 < time.monotonic() - t0 < 4
         assert wait(net, r) == size and np.array_equal(out, data)
-    finally:
-        net.close_send(send)
-        net.close_recv(recv)
-        net.close_listen(lc)
     assert len(os.listdir("/proc/self/fd")) == fds, "a socket or the helpers' signal outlived its comm"
 
 
