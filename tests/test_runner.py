@@ -149,6 +149,16 @@ def test_lab_help_deletes_nothing(tmp_path):
         assert proc.returncode == 0 and proc.stdout.startswith("usage: ./lab main"), proc.stderr
 
 
+def test_lab_test_with_a_file_runs_that_file_only():
+    """``./lab test tests/x.py`` (docs/tests.md's "Running a part") collects that file's tests and no others; with
+    no path it is the whole suite (pyproject's ``testpaths``)."""
+    proc = subprocess.run([str(ROOT / "lab"), "test", "tests/test_layers.py", "--collect-only"],
+                          capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    ids = [ln for ln in proc.stdout.splitlines() if "::" in ln]
+    assert ids and all(ln.startswith("tests/test_layers.py::") for ln in ids), ids[:5] + ids[-5:]
+
+
 def test_timed_rounds_alternates_and_reports_each_medians():
     # The side-by-side benchmarks' timer: rounds alternate the order (a burst of noise hits both sides alike)
     # and each side gets its median round, whatever one odd round did.
