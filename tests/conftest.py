@@ -77,25 +77,26 @@ def run_ranks(nranks: int, worker: str, *args: str, env: dict | None = None, tim
     return proc
 
 
-def wait_pair(net, s, r, limit: float = 10.0) -> tuple[int, int]:
-    """Test a send and its receive in turn, as the two proxies do, until both complete (their sizes), or fail
-    after ``limit`` seconds: a send larger than the sockets' buffers completes only as its receive is read."""
+def wait_requests(net, reqs: list, limit: float = 10.0) -> list[int]:
+    """Test net plugin requests in turn, as the proxies do, until all complete (their sizes), or fail after
+    ``limit`` seconds: a send larger than the sockets' buffers completes only as its receive is read."""
     end, done = time.monotonic() + limit, {}
-    while len(done) < 2 and time.monotonic() < end:
-        for i, q in enumerate((s, r)):
+    while len(done) < len(reqs) and time.monotonic() < end:
+        for i, q in enumerate(reqs):
             if i not in done:
                 ok, size = net.test(q)
                 if ok:
                     done[i] = size
-    assert len(done) == 2, f"requests never completed: {sorted(done)} of send (0), receive (1)"
-    return done[0], done[1]
+    assert len(done) == len(reqs), f"requests never completed: {sorted(set(range(len(reqs))) - set(done))}"
+    return [done[i] for i in range(len(reqs))]
+
+
+def wait_pair(net, s, r, limit: float = 10.0) -> tuple[int, int]:
+    """A send and its receive (``wait_requests``): their sizes."""
+    sent, received = wait_requests(net, [s, r], limit)
+    return sent, received
 
 
 def wait_request(net, req, limit: float = 10.0) -> int:
-    """Test a net plugin request until it completes (its size), or fail after ``limit`` seconds."""
-    end = time.monotonic() + limit
-    while time.monotonic() < end:
-        done, size = net.test(req)
-        if done:
-            return size
-    raise AssertionError("request never completed")
+    """One net plugin request (``wait_requests``): its size."""
+    return wait_requests(net, [req], limit)[0]

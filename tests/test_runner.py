@@ -150,8 +150,8 @@ def test_lab_help_deletes_nothing(tmp_path):
 
 
 def test_lab_test_with_a_file_runs_that_file_only():
-    """``./lab test tests/x.py`` (docs/tests.md's "Running a part") collects that file's tests and no others; with
-    no path it is the whole suite (pyproject's ``testpaths``)."""
+    """``./lab test tests/x.py`` (docs/tests.md's "Running a part") collects that file's tests and no others (with
+    no path, pytest takes pyproject's ``testpaths``: the whole suite, which CI runs)."""
     proc = subprocess.run([str(ROOT / "lab"), "test", "tests/test_layers.py", "--collect-only"],
                           capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
