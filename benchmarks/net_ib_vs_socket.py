@@ -22,6 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import collectives  # noqa: E402
 from collectives.bootstrap import UNIQUE_ID_BYTES, get_unique_id  # noqa: E402
 from collectives.job import launched, spawn  # noqa: E402
+from collectives.preload import preload  # noqa: E402
 from collectives.perf.args import parse_size  # noqa: E402
 from transports.net import NetState  # noqa: E402
 
@@ -129,7 +130,7 @@ def main() -> int:
     if a.g < 2:
         sys.exit(f"net_ib_vs_socket.py: -g {a.g}: 2 emulated nodes need at least 2 ranks")
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    rc = spawn(a.g, [os.path.abspath(__file__), *sys.argv[1:]], nodes=2)
+    rc = spawn(a.g, [os.path.abspath(__file__), *sys.argv[1:]], nodes=2, preload=preload)
     if rc == 0:
         from visualize import curves
         print(curves.plot([os.path.join(a.o, "net_ib.json"), os.path.join(a.o, "net_socket.json")],

@@ -34,9 +34,10 @@ import threading
 import time
 import traceback
 from datetime import timedelta
+from typing import Callable
 
-from collectives.misc import sockets
-from collectives.misc.param import env_str, timeout_s
+from collectives.misc import forked, sockets
+from collectives.misc.param import env_int, env_str, timeout_s
 from collectives.misc.shm_segment import ShmError, sweep
 from collectives.misc.sockets import BootstrapError
 from transports.net_plugin import NetError
@@ -314,11 +315,20 @@ def _stop(procs: list) -> None:
             p.wait()
 
 
-def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1) -> int:
+def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1,
+          preload: Callable[[], None] | None = None) -> int:
     """Run ``python argv...`` as ``nranks`` local ranks; return the first non-zero exit code (or 0; 130 after
     Ctrl-C).  With ``nodes > 1`` the ranks are split into that many contiguous blocks, each with its own
     ``NCCL_HOSTID``, so one machine plays several nodes (NET between them, SHM inside).  The root's address goes
-    to the ranks in ``NCCLLAB_COMM_ID``: a user's ``NCCL_COMM_ID`` reaches them untouched, and wins."""
+    to the ranks in ``NCCLLAB_COMM_ID``: a user's ``NCCL_COMM_ID`` reaches them untouched, and wins.
+    ``preload`` (``collectives.preload``): called once here, then each rank is forked from this process
+    (``misc.forked``) instead of executed, unless ``env`` is given (what the preload read at import would be this
+    process's environment, not the ranks'), ``NCCLLAB_FORK_RANKS=0``, or ``forked.can_fork`` says no."""
+    fork = preload is not None and env is None and env_int("NCCLLAB_FORK_RANKS", 1) != 0 and forked.can_fork(argv)
+    if fork:
+        inherited = forked.open_fds()  # before the preload: its own descriptors (if any) are the ranks' too
+        preload()
+        fork = forked.can_fork(argv)  # still one thread
     magic = secrets.randbits(48) | 1
     base = dict(os.environ if env is None else env)
     addr = _root_address()
@@ -334,12 +344,14 @@ def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1)
     rc, first_failure = 0, None
     grace = FAILURE_GRACE_S
     try:
-        # The ranks start with SIGINT blocked (the mask survives exec); install_fatal_hook unblocks it.
+        # The ranks start with SIGINT blocked (the mask survives fork and exec); install_fatal_hook unblocks it.
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             for r in range(nranks):
                 extra = {"NCCL_HOSTID": node_hostid(r, nranks, nodes)} if nodes > 1 else {}
-                procs.append(subprocess.Popen([sys.executable, *argv], env={**base, "NCCLLAB_RANK": str(r), **extra}))
+                child_env = {**base, "NCCLLAB_RANK": str(r), **extra}
+                procs.append(forked.fork_python(argv, child_env, inherited) if fork
+                             else subprocess.Popen([sys.executable, *argv], env=child_env))
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
         while any(p.returncode is None for p in procs) and not interrupted:
@@ -359,11 +371,16 @@ def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1)
             os.write(2, f"interrupted: {nranks} ranks stopped\n".encode())
             return rc or 130
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
         for p in procs:  # an exception of the launcher's own: no rank outlives it
             if p.poll() is None:
                 p.kill()
                 p.wait()
         sweep(f"{magic:012x}"[-12:])
+        if previous is not None:
+            # After a Ctrl-C this process is ending, and more may follow (the terminal signals the whole group at
+            # each press, users press twice; forked ranks end within the 20 ms between two): Python's default
+            # handler would turn the one line above into a traceback, so it stays off, as in a rank after its first
+            # (_first_interrupt).  A handler of the caller's own comes back.
+            ending = bool(interrupted) and previous is signal.default_int_handler
+            signal.signal(signal.SIGINT, signal.SIG_IGN if ending else previous)
     return rc or next((p.returncode for p in procs if p.returncode), 0)

@@ -63,13 +63,21 @@ def no_shm_leak():
                         + (f" (still mapped by pids {sorted(holders(leaked))})" if holders(leaked) else ""))
 
 
+def spawn_code(nranks: int, argv: str, nodes: int = 1) -> str:
+    """A test launcher's ``python -c`` program: ``collectives.job.spawn`` of ``argv`` (a Python expression) as
+    ``nranks`` ranks, forked from the launcher once it has preloaded the lab and the runner modules the workers use
+    (``collectives.preload``; ``NCCLLAB_FORK_RANKS=0`` executes each rank instead)."""
+    return ("import sys; from collectives.job import spawn; from collectives.preload import preload; "
+            f"sys.exit(spawn({nranks}, {argv}, nodes={nodes}, "
+            "preload=lambda: preload('collectives.perf.runner', 'collectives.perf.reference')))")
+
+
 def run_ranks(nranks: int, worker: str, *args: str, env: dict | None = None, timeout: float = 240,
               check: bool = True, nodes: int = 1, script: str = "workers.py") -> subprocess.CompletedProcess:
     """Run tests/SCRIPT WORKER (default tests/workers.py) as ``nranks`` real ranks through
     collectives.job.spawn (``nodes`` > 1: per-rank NCCL_HOSTID, so the nodes talk over the NET transport)."""
     full_env = {**os.environ, "NCCLLAB_TIMEOUT": "30", "NCCL_SOCKET_IFNAME": "lo", **(env or {})}
-    code = ("import sys; from collectives.job import spawn; "
-            f"sys.exit(spawn({nranks}, [{str(ROOT / 'tests' / script)!r}, *sys.argv[1:]], nodes={nodes}))")
+    code = spawn_code(nranks, f"[{str(ROOT / 'tests' / script)!r}, *sys.argv[1:]]", nodes)
     proc = subprocess.run([sys.executable, "-c", code, worker, *args], env=full_env, capture_output=True,
                           text=True, timeout=timeout)
     if check and proc.returncode != 0:

@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from conftest import spawn_code
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKERS = ROOT / "tests" / "job_workers.py"
 MPIRUN = shutil.which("mpirun", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -93,8 +95,7 @@ def _command(kind: str, launcher: str, nranks: int, args: list) -> list[str]:
     if launcher == "mpirun":
         cmd = [MPIRUN, "-n", str(nranks), *args]
     else:
-        code = ("import sys; from collectives.job import spawn; "
-                f"sys.exit(spawn({nranks}, sys.argv[1:], nodes={nodes}))")
+        code = spawn_code(nranks, "sys.argv[1:]", nodes)
         cmd = [sys.executable, "-c", code, *args[1:]]
     if kind == "shm_full":  # a private, nearly full /dev/shm: room for MPI and the status pages, not the FIFOs
         cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c",

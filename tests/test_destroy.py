@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, spawn_code
 
 CYCLES = 50
 
@@ -19,8 +19,7 @@ CYCLES = 50
 def run_cycles(nodes: int = 1, env: dict | None = None) -> list[dict]:
     """Two ranks of ``destroy_workers.py cycles``; each rank's JSON line."""
     full_env = {**os.environ, "NCCLLAB_TIMEOUT": "30", "NCCL_SOCKET_IFNAME": "lo", **(env or {})}
-    code = ("import sys; from collectives.job import spawn; "
-            f"sys.exit(spawn(2, [{str(ROOT / 'tests' / 'destroy_workers.py')!r}, *sys.argv[1:]], nodes={nodes}))")
+    code = spawn_code(2, f"[{str(ROOT / 'tests' / 'destroy_workers.py')!r}, *sys.argv[1:]]", nodes)
     proc = subprocess.run([sys.executable, "-c", code, "cycles", str(CYCLES)], env=full_env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, f"ranks failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"

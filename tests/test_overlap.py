@@ -12,7 +12,7 @@ import pytest
 
 import collectives
 from collectives.api import check_overlap
-from conftest import ROOT
+from conftest import ROOT, spawn_code
 
 N = 100_000
 SHIFTS = (1, 1000, 50_000)
@@ -97,8 +97,7 @@ def test_cuda_arrays_are_checked_by_device_pointer():
 
 def test_two_ranks_refuse_and_run_in_place():
     env = {**os.environ, "NCCLLAB_TIMEOUT": "30", "NCCL_SOCKET_IFNAME": "lo"}
-    code = ("import sys; from collectives.job import spawn; "
-            f"sys.exit(spawn(2, [{str(ROOT / 'tests' / 'overlap_workers.py')!r}, 'refuse_and_place']))")
+    code = spawn_code(2, f"[{str(ROOT / 'tests' / 'overlap_workers.py')!r}, 'refuse_and_place']")
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, f"rc {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     assert sorted(proc.stdout.split()) == sorted("rank 0 ok rank 1 ok".split()), proc.stdout

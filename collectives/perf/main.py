@@ -11,6 +11,7 @@ from typing import Sequence
 
 from collectives.comm import Communicator
 from collectives.job import emulated_node, job_size, launched, spawn
+from collectives.preload import preload
 
 from .args import build_parser, check_args
 from .runner import Runner
@@ -41,7 +42,7 @@ def main(module: str, argv: Sequence[str] | None = None, coll: str = "allreduce"
     if args.threads:
         return run_threads(args, nranks)
     if not launched():
-        return spawn(nranks, ["-m", module, *argv], nodes=args.nodes)
+        return spawn(nranks, ["-m", module, *argv], nodes=args.nodes, preload=preload)
     emulated_node(args.nodes)
     with Communicator() as comm:
         runner = Runner(comm, args)

@@ -10,6 +10,7 @@ import os
 import sys
 
 from collectives.job import spawn
+from collectives.preload import preload
 
 PROG = "python -m collectives.tools.launcher"
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     if not os.path.isfile(a.script):
         print(f"{PROG}: {a.script}: no such file", file=sys.stderr)
         return 2
-    return spawn(a.nranks, [a.script, *a.args], nodes=a.nodes)
+    return spawn(a.nranks, [a.script, *a.args], nodes=a.nodes, preload=preload)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,172 @@
+"""Ranks forked from a preloaded launcher (``collectives.misc.forked``, ``collectives.preload``) against the same
+ranks executed (``NCCLLAB_FORK_RANKS=0``): the script must see the same interpreter, environment, arguments,
+descriptors and signals, and the launcher must get the same exit statuses and output, in both."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+
+from collectives.misc import forked
+from conftest import spawn_code
+
+STATE = textwrap.dedent("""
+    import json, os, signal, sys
+    preloaded = "collectives.comm" in sys.modules
+    fds = []
+    for fd in sorted(os.listdir("/proc/self/fd"), key=int):
+        try:
+            fds.append((int(fd), os.readlink(f"/proc/self/fd/{fd}")))
+        except OSError:  # listdir's own descriptor, closed meanwhile
+            pass
+    print(json.dumps({"preloaded": preloaded, "name": __name__, "file": __file__, "argv": sys.argv,
+                      "path0": sys.path[0], "main": sys.modules["__main__"].__file__,
+                      "rank": os.environ["NCCLLAB_RANK"], "env": sorted(k for k in os.environ if k != "NCCLLAB_RANK"),
+                      "host": os.environ.get("NCCL_HOSTID"), "sigint": signal.getsignal(signal.SIGINT) is
+                      signal.default_int_handler, "blocked": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
+                      "fds": [fd for fd, target in fds if fd > 2 and "/proc/" not in target],
+                      "ppid_is_launcher": os.getppid() == int(os.environ["LAUNCHER_PID"])}), flush=True)
+""")
+
+
+def launch(tmp_path, script: str, nranks: int = 2, fork: bool = True, argv_tail: str = "'a', 'b c'", nodes: int = 1,
+           prefix: str = "", buffered: bool = False) -> subprocess.CompletedProcess:
+    path = tmp_path / "rank_script.py"
+    path.write_text(script)
+    env = {**os.environ, "NCCLLAB_FORK_RANKS": "1" if fork else "0"}
+    if buffered:  # the launcher's stdout (a pipe) keeps what it is given until flushed, as Python's default is
+        env.pop("PYTHONUNBUFFERED", None)
+    code = prefix + "import os; os.environ['LAUNCHER_PID'] = str(os.getpid()); " + \
+        spawn_code(nranks, f"[{str(path)!r}, {argv_tail}]", nodes)
+    # an extra descriptor in the launcher, as a caller's open file: Popen(close_fds=True) keeps it from the ranks
+    r, w = os.pipe()
+    try:
+        return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+                              pass_fds=(r,))
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def states(proc) -> list[dict]:
+    return sorted((json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")),
+                  key=lambda s: s["rank"])
+
+
+def test_a_forked_rank_sees_what_an_executed_one_sees(tmp_path):
+    got = {fork: launch(tmp_path, STATE, fork=fork, nodes=2) for fork in (True, False)}
+    for fork, proc in got.items():
+        assert proc.returncode == 0, (fork, proc.stderr[-3000:])
+    forked_states, executed = states(got[True]), states(got[False])
+    assert [s["preloaded"] for s in forked_states] == [True, True]  # forked after the preload
+    assert [s["preloaded"] for s in executed] == [False, False]
+    for a, b in zip(forked_states, executed):
+        a.pop("preloaded"), b.pop("preloaded")
+        assert a == b
+    s = forked_states[1]
+    assert s["name"] == "__main__" and s["argv"] == [s["file"], "a", "b c"] and s["main"] == s["file"]
+    assert s["path0"] == os.path.dirname(s["file"]) and s["rank"] == "1" and s["host"] == "nccllab-node1"
+    assert s["sigint"] and s["blocked"] == [2] and s["fds"] == [] and s["ppid_is_launcher"]
+
+
+@pytest.mark.parametrize("body, status, err", [
+    ("import sys; sys.exit(3)", 3, None),
+    ("import sys; sys.exit(-1)", 255, None),
+    ("import sys; sys.exit('went wrong')", 1, "went wrong\n"),
+    ("def f():\n    raise ValueError('no')\nf()", 1, None),
+])
+def test_exit_statuses_and_errors_match_an_executed_rank(tmp_path, body, status, err):
+    script = "import os\nif os.environ['NCCLLAB_RANK'] == '1':\n" + textwrap.indent(body, "    ") + "\n"
+    got = {fork: launch(tmp_path, script, fork=fork) for fork in (True, False)}
+    assert got[True].returncode == got[False].returncode == status
+    assert got[True].stderr == got[False].stderr, (got[True].stderr, got[False].stderr)
+    if err is not None:
+        assert got[True].stderr == err
+    if "ValueError" in body:  # the traceback starts at the script, as a fresh interpreter's does
+        lines = got[True].stderr.splitlines()
+        assert lines[0] == "Traceback (most recent call last):" and "rank_script.py" in lines[1], lines
+        assert lines[-1] == "ValueError: no" and "runpy" not in got[True].stderr and "forked" not in got[True].stderr
+
+
+def test_threads_atexit_and_the_launchers_buffer(tmp_path):
+    """A non-daemon thread is waited for and ``atexit`` runs, in that order, as the interpreter's shutdown does;
+    what the launcher had buffered but not written is written once, not once per rank."""
+    script = textwrap.dedent("""
+        import atexit, os, sys, threading, time
+        atexit.register(lambda: print("atexit", os.environ["NCCLLAB_RANK"], flush=True))
+        threading.Thread(target=lambda: (time.sleep(0.3), print("thread", os.environ["NCCLLAB_RANK"]))).start()
+    """)
+    for fork in (True, False):
+        proc = launch(tmp_path, script, fork=fork, prefix="import sys; sys.stdout.write('launcher\\n'); ",
+                      buffered=True)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert lines.count("launcher") == 1, lines
+        for r in "01":
+            assert lines.index(f"thread {r}") < lines.index(f"atexit {r}"), lines
+
+
+def test_a_module_runs_as_with_dash_m(tmp_path):
+    data = tmp_path / "x.json"
+    data.write_text('{"b": 1, "a": [2]}')
+    out = {}
+    for fork in (True, False):
+        env = {**os.environ, "NCCLLAB_FORK_RANKS": "1" if fork else "0"}
+        code = spawn_code(1, f"['-m', 'json.tool', '--sort-keys', {str(data)!r}]")
+        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        out[fork] = proc.stdout
+    assert out[True] == out[False] == '{\n    "a": [\n        2\n    ],\n    "b": 1\n}\n'
+
+
+def test_only_a_script_or_module_from_one_thread_is_forked(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    assert forked.can_fork([str(script)]) and forked.can_fork(["-m", "json.tool"])
+    assert not forked.can_fork(["-c", "pass"]) and not forked.can_fork(["-m"])
+    assert not forked.can_fork([str(tmp_path / "missing.py")]) and not forked.can_fork([])
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        assert not forked.can_fork([str(script)])  # a second thread: the launcher executes its ranks instead
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_a_ctrl_c_after_the_launchers_line_is_ignored(tmp_path):
+    """Ranks forked end within milliseconds of a Ctrl-C, so the launcher prints its line and returns before the
+    terminal's next SIGINT (each key press signals the whole group): that one must not become a traceback."""
+    script = tmp_path / "wait.py"
+    # a rank starts with SIGINT blocked until its communicator's hook unblocks it: this one, with no
+    # communicator, does it itself, and ends quietly at its first Ctrl-C as that hook's ranks do
+    script.write_text(textwrap.dedent("""
+        import signal, sys, time
+        def first_interrupt(*_):
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            sys.exit(0)
+        signal.signal(signal.SIGINT, first_interrupt)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        print('up', flush=True)
+        time.sleep(60)
+    """))
+    code = ("import sys, time; from collectives.job import spawn; from collectives.preload import preload; "
+            f"rc = spawn(2, [{str(script)!r}], preload=preload); time.sleep(1.0); sys.exit(rc)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert [proc.stdout.readline() for _ in range(2)] == ["up\n", "up\n"]
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.stderr.readline() == "interrupted: 2 ranks stopped\n"
+        os.killpg(proc.pid, signal.SIGINT)  # the launcher is in its caller's sleep now
+        assert proc.wait(timeout=30) == 130, proc.stderr.read()
+        assert proc.stderr.read() == ""
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
