@@ -31,6 +31,33 @@ def holders(names) -> set[int]:
     return found
 
 
+def descends_from_here(pid: int) -> bool:
+    """Whether ``pid`` is a process this one started, directly or not (its parent chain in /proc)."""
+    me = os.getpid()
+    while pid > 1:
+        if pid == me:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])  # the field after the command's ")": ppid
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+def others(names: set) -> set:
+    """Under pytest-xdist (tests in several processes at once): the segments that only another worker's ranks
+    map, which are not this test's to wait for or to blame."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        return set()
+    found = set()
+    for name in names:
+        pids = holders({name})
+        if pids and not any(descends_from_here(p) for p in pids):
+            found.add(name)
+    return found
+
+
 def wait_for_release(leaked: set, deadline_s: float = 60.0, unmapped_grace_s: float = 3.0) -> set:
     """What is left of ``leaked`` once the ranks that map those segments have exited.  A rank unlinks its
     segments on its way out, and on a loaded machine that can take many seconds after its launcher returned
@@ -41,6 +68,7 @@ def wait_for_release(leaked: set, deadline_s: float = 60.0, unmapped_grace_s: fl
     unmapped_since = None
     while leaked:
         leaked = leaked & set(leftover_segments())
+        leaked -= others(leaked)
         now = time.monotonic()
         if not leaked or now > deadline:
             break
