@@ -48,6 +48,7 @@ from .device.backend import DeviceError
 from .device.common import CollectiveError
 
 FAILURE_GRACE_S = 5.0
+LATE_CTRL_C_S = 2.0  # after a Ctrl-C has stopped the job, further ones are absorbed this long (spawn)
 LAUNCHER_COMM_ID = "NCCLLAB_COMM_ID"  # spawn's root address for its children; NCCL_COMM_ID stays the user's
 STORE_KEY = "nccllab/attempt_{attempt}/unique_id/{n}"  # our key in torchrun's store (one per communicator)
 # their message names rank, peer and state (or the device and what it lacks): one line
@@ -315,6 +316,15 @@ def _stop(procs: list) -> None:
             p.wait()
 
 
+def _absorbing(previous: Callable, until: float) -> Callable:
+    """A SIGINT handler that ignores Ctrl-C until ``until`` (monotonic), then puts ``previous`` back and calls it."""
+    def handler(signum, frame):
+        if time.monotonic() >= until:
+            signal.signal(signal.SIGINT, previous)
+            previous(signum, frame)
+    return handler
+
+
 def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1,
           preload: Callable[[], None] | None = None) -> int:
     """Run ``python argv...`` as ``nranks`` local ranks; return the first non-zero exit code (or 0; 130 after
@@ -324,11 +334,6 @@ def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1,
     ``preload`` (``collectives.preload``): called once here, then each rank is forked from this process
     (``misc.forked``) instead of executed, unless ``env`` is given (what the preload read at import would be this
     process's environment, not the ranks'), ``NCCLLAB_FORK_RANKS=0``, or ``forked.can_fork`` says no."""
-    fork = preload is not None and env is None and env_int("NCCLLAB_FORK_RANKS", 1) != 0 and forked.can_fork(argv)
-    if fork:
-        inherited = forked.open_fds()  # before the preload: its own descriptors (if any) are the ranks' too
-        preload()
-        fork = forked.can_fork(argv)  # still one thread
     magic = secrets.randbits(48) | 1
     base = dict(os.environ if env is None else env)
     addr = _root_address()
@@ -344,10 +349,15 @@ def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1,
     rc, first_failure = 0, None
     grace = FAILURE_GRACE_S
     try:
+        fork = preload is not None and env is None and env_int("NCCLLAB_FORK_RANKS", 1) != 0 and forked.can_fork(argv)
+        if fork:  # (a Ctrl-C meanwhile sets the flag: no rank starts)
+            inherited = forked.open_fds()  # before the preload: its own descriptors (if any) are the ranks' too
+            preload()
+            fork = forked.can_fork(argv)  # still one thread
         # The ranks start with SIGINT blocked (the mask survives fork and exec); install_fatal_hook unblocks it.
         old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
-            for r in range(nranks):
+            for r in range(0 if interrupted else nranks):
                 extra = {"NCCL_HOSTID": node_hostid(r, nranks, nodes)} if nodes > 1 else {}
                 child_env = {**base, "NCCLLAB_RANK": str(r), **extra}
                 procs.append(forked.fork_python(argv, child_env, inherited) if fork
@@ -377,10 +387,10 @@ def spawn(nranks: int, argv: list[str], env: dict | None = None, nodes: int = 1,
                 p.wait()
         sweep(f"{magic:012x}"[-12:])
         if previous is not None:
-            # After a Ctrl-C this process is ending, and more may follow (the terminal signals the whole group at
-            # each press, users press twice; forked ranks end within the 20 ms between two): Python's default
-            # handler would turn the one line above into a traceback, so it stays off, as in a rank after its first
-            # (_first_interrupt).  A handler of the caller's own comes back.
-            ending = bool(interrupted) and previous is signal.default_int_handler
-            signal.signal(signal.SIGINT, signal.SIG_IGN if ending else previous)
+            # After a Ctrl-C more may follow at once (the terminal signals the whole group at each press, users
+            # press twice; forked ranks end within the 20 ms between two): Python's default handler would turn the
+            # one line above into a traceback, so for LATE_CTRL_C_S they are absorbed, as a rank ignores those after
+            # its first (_first_interrupt); then Ctrl-C is the caller's again.  A handler of the caller's own returns.
+            late = bool(interrupted) and previous is signal.default_int_handler
+            signal.signal(signal.SIGINT, _absorbing(previous, time.monotonic() + LATE_CTRL_C_S) if late else previous)
     return rc or next((p.returncode for p in procs if p.returncode), 0)

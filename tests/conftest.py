@@ -16,8 +16,10 @@ def leftover_segments() -> list[str]:
 
 def holders(names) -> set[int]:
     """The processes (other than this one) that map a segment of the communicators these names belong to: a
-    segment is ``nccllab-<tag>-...``, and a rank maps every segment of its communicator's tag, deleted or not."""
-    marks = tuple({f"/dev/shm/nccllab-{n.split('-')[1]}-" for n in names if n.count("-") >= 2})
+    segment is ``nccllab-<tag>-...``, and a rank maps every segment of its communicator's tag, deleted or not.
+    Another name in /dev/shm (MPICH's) counts only its own mappings."""
+    marks = tuple({f"/dev/shm/nccllab-{n.split('-')[1]}-" if n.startswith("nccllab-") and n.count("-") >= 2
+                   else f"/dev/shm/{n}" for n in names})
     found = set()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -29,6 +31,20 @@ def holders(names) -> set[int]:
         except OSError:  # gone meanwhile, or not ours to read
             pass
     return found
+
+
+def ours(pid: int) -> bool:
+    """Whether ``pid`` belongs to this test process: started by it, directly or not (its parent chain in /proc), or
+    carrying its pytest-xdist worker name in its environment (a rank whose launcher was killed has lost its parent)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"PYTEST_XDIST_WORKER={worker}".encode() in f.read().split(b"\0"):
+                    return True
+        except OSError:
+            pass
+    return descends_from_here(pid)
 
 
 def descends_from_here(pid: int) -> bool:
@@ -46,14 +62,14 @@ def descends_from_here(pid: int) -> bool:
 
 
 def others(names: set) -> set:
-    """Under pytest-xdist (tests in several processes at once): the segments that only another worker's ranks
-    map, which are not this test's to wait for or to blame."""
+    """Under pytest-xdist (tests in several processes at once): the names in /dev/shm that only another worker's
+    processes map, which are not this test's to wait for or to blame."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return set()
     found = set()
     for name in names:
         pids = holders({name})
-        if pids and not any(descends_from_here(p) for p in pids):
+        if pids and not any(ours(p) for p in pids):
             found.add(name)
     return found
 

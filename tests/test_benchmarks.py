@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, others
 
 BENCH = ROOT / "benchmarks"
 BIN = os.path.dirname(sys.executable)
@@ -225,7 +225,8 @@ def test_core_probe_leaves_nothing_in_dev_shm_and_reads_from_every_rank_count():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert re.search(r"^# cross-core read of 65536 B just written by the other rank: [\d.]+ GB/s$", proc.stdout,
                      re.M), proc.stdout
-    assert not {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("nccllab-probe")}
+    new = {n for n in set(os.listdir("/dev/shm")) - before if n.startswith("nccllab-probe")}
+    assert not new - others(new), sorted(new)
 
 
 def test_tuning_flags_a_size_only_when_the_faster_pair_is_faster_again_timed_alone():

@@ -8,36 +8,41 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
+from collectives.job import LATE_CTRL_C_S
 from collectives.misc import forked
 from conftest import spawn_code
 
 STATE = textwrap.dedent("""
     import json, os, signal, sys
     preloaded = "collectives.comm" in sys.modules
+    import numpy as np
+    draw = int(np.random.randint(1 << 62))  # numpy's global generator, seeded anew in each process
     fds = []
     for fd in sorted(os.listdir("/proc/self/fd"), key=int):
         try:
             fds.append((int(fd), os.readlink(f"/proc/self/fd/{fd}")))
         except OSError:  # listdir's own descriptor, closed meanwhile
             pass
-    print(json.dumps({"preloaded": preloaded, "name": __name__, "file": __file__, "argv": sys.argv,
+    sys.stdout.write(json.dumps({"preloaded": preloaded, "name": __name__, "file": __file__, "argv": sys.argv,
                       "path0": sys.path[0], "main": sys.modules["__main__"].__file__,
                       "rank": os.environ["NCCLLAB_RANK"], "env": sorted(k for k in os.environ if k != "NCCLLAB_RANK"),
                       "host": os.environ.get("NCCL_HOSTID"), "sigint": signal.getsignal(signal.SIGINT) is
                       signal.default_int_handler, "blocked": sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])),
                       "fds": [fd for fd, target in fds if fd > 2 and "/proc/" not in target],
-                      "ppid_is_launcher": os.getppid() == int(os.environ["LAUNCHER_PID"])}), flush=True)
+                      "ppid_is_launcher": os.getppid() == int(os.environ["LAUNCHER_PID"]), "draw": draw}) + "\\n")
+    sys.stdout.flush()  # one write: the ranks share the pipe
 """)
 
 
 def launch(tmp_path, script: str, nranks: int = 2, fork: bool = True, argv_tail: str = "'a', 'b c'", nodes: int = 1,
-           prefix: str = "", buffered: bool = False) -> subprocess.CompletedProcess:
+           prefix: str = "", buffered: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
     path = tmp_path / "rank_script.py"
     path.write_text(script)
-    env = {**os.environ, "NCCLLAB_FORK_RANKS": "1" if fork else "0"}
+    env = {**os.environ, **(env or {}), "NCCLLAB_FORK_RANKS": "1" if fork else "0"}
     if buffered:  # the launcher's stdout (a pipe) keeps what it is given until flushed, as Python's default is
         env.pop("PYTHONUNBUFFERED", None)
     code = prefix + "import os; os.environ['LAUNCHER_PID'] = str(os.getpid()); " + \
@@ -64,8 +69,10 @@ def test_a_forked_rank_sees_what_an_executed_one_sees(tmp_path):
     forked_states, executed = states(got[True]), states(got[False])
     assert [s["preloaded"] for s in forked_states] == [True, True]  # forked after the preload
     assert [s["preloaded"] for s in executed] == [False, False]
+    assert forked_states[0]["draw"] != forked_states[1]["draw"]
     for a, b in zip(forked_states, executed):
-        a.pop("preloaded"), b.pop("preloaded")
+        for key in ("preloaded", "draw"):
+            a.pop(key), b.pop(key)
         assert a == b
     s = forked_states[1]
     assert s["name"] == "__main__" and s["argv"] == [s["file"], "a", "b c"] and s["main"] == s["file"]
@@ -93,12 +100,15 @@ def test_exit_statuses_and_errors_match_an_executed_rank(tmp_path, body, status,
 
 
 def test_threads_atexit_and_the_launchers_buffer(tmp_path):
-    """A non-daemon thread is waited for and ``atexit`` runs, in that order, as the interpreter's shutdown does;
-    what the launcher had buffered but not written is written once, not once per rank."""
-    script = textwrap.dedent("""
+    """A non-daemon thread is waited for and ``atexit`` runs, in that order, as the interpreter's shutdown does; a
+    file the script left open is flushed; what the launcher had buffered but not written is written once, not once
+    per rank."""
+    script = textwrap.dedent(f"""
         import atexit, os, sys, threading, time
         atexit.register(lambda: print("atexit", os.environ["NCCLLAB_RANK"], flush=True))
         threading.Thread(target=lambda: (time.sleep(0.3), print("thread", os.environ["NCCLLAB_RANK"]))).start()
+        left_open = open(os.path.join({str(tmp_path)!r}, "left_open." + os.environ["NCCLLAB_RANK"]), "w")
+        left_open.write("written")
     """)
     for fork in (True, False):
         proc = launch(tmp_path, script, fork=fork, prefix="import sys; sys.stdout.write('launcher\\n'); ",
@@ -108,6 +118,26 @@ def test_threads_atexit_and_the_launchers_buffer(tmp_path):
         assert lines.count("launcher") == 1, lines
         for r in "01":
             assert lines.index(f"thread {r}") < lines.index(f"atexit {r}"), lines
+            assert (tmp_path / f"left_open.{r}").read_text() == "written", (fork, r)
+            (tmp_path / f"left_open.{r}").unlink()
+
+
+def test_each_rank_logs_its_variables_to_its_own_debug_file(tmp_path):
+    """NCCL prints each parameter read from the environment once per process (``ncclLoadParam``), into
+    ``NCCL_DEBUG_FILE`` with ``%p`` its pid: a launcher that logged before forking leaves its ranks both to do."""
+    script = "from collectives.misc.param import env_int\nenv_int('NCCL_NTHREADS', 0)\n"
+    prefix = "from collectives.misc.param import env_int; env_int('NCCL_NTHREADS', 0); "
+    for fork in (True, False):
+        logs = tmp_path / f"logs-{fork}"
+        logs.mkdir()
+        env = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "ENV", "NCCL_NTHREADS": "256",
+               "NCCL_DEBUG_FILE": str(logs / "debug.%p")}
+        proc = launch(tmp_path, script, fork=fork, prefix=prefix, env=env)
+        assert proc.returncode == 0, proc.stderr
+        files = sorted(logs.iterdir())
+        assert len(files) == 3, (fork, files)  # the launcher's and each rank's
+        for f in files:
+            assert f.read_text().count("NCCL INFO NCCL_NTHREADS set by environment to 256.") == 1, (fork, f)
 
 
 def test_a_module_runs_as_with_dash_m(tmp_path):
@@ -141,7 +171,8 @@ def test_only_a_script_or_module_from_one_thread_is_forked(tmp_path):
 
 def test_a_ctrl_c_after_the_launchers_line_is_ignored(tmp_path):
     """Ranks forked end within milliseconds of a Ctrl-C, so the launcher prints its line and returns before the
-    terminal's next SIGINT (each key press signals the whole group): that one must not become a traceback."""
+    terminal's next SIGINT (each key press signals the whole group): that one must not become a traceback.  After
+    ``LATE_CTRL_C_S`` a Ctrl-C is the caller's again."""
     script = tmp_path / "wait.py"
     # a rank starts with SIGINT blocked until its communicator's hook unblocks it: this one, with no
     # communicator, does it itself, and ends quietly at its first Ctrl-C as that hook's ranks do
@@ -152,20 +183,27 @@ def test_a_ctrl_c_after_the_launchers_line_is_ignored(tmp_path):
             sys.exit(0)
         signal.signal(signal.SIGINT, first_interrupt)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        print('up', flush=True)
+        sys.stdout.write('up\\n')  # one write: the ranks share the pipe
+        sys.stdout.flush()
         time.sleep(60)
     """))
-    code = ("import sys, time; from collectives.job import spawn; from collectives.preload import preload; "
-            f"rc = spawn(2, [{str(script)!r}], preload=preload); time.sleep(1.0); sys.exit(rc)")
+    code = ("import sys, time; from collectives.job import LATE_CTRL_C_S, spawn; "
+            "from collectives.preload import preload\n"
+            f"rc = spawn(2, [{str(script)!r}], preload=preload)\n"
+            "time.sleep(1.0)\n"
+            "try:\n    time.sleep(LATE_CTRL_C_S + 30)\nexcept KeyboardInterrupt:\n    print('caller interrupted')\n"
+            "sys.exit(rc)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
         assert [proc.stdout.readline() for _ in range(2)] == ["up\n", "up\n"]
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.stderr.readline() == "interrupted: 2 ranks stopped\n"
-        os.killpg(proc.pid, signal.SIGINT)  # the launcher is in its caller's sleep now
+        os.killpg(proc.pid, signal.SIGINT)  # the launcher is in its caller's first sleep now: absorbed
+        time.sleep(LATE_CTRL_C_S + 0.5)
+        os.killpg(proc.pid, signal.SIGINT)  # past the window: the caller's Ctrl-C again
         assert proc.wait(timeout=30) == 130, proc.stderr.read()
-        assert proc.stderr.read() == ""
+        assert proc.stderr.read() == "" and proc.stdout.read() == "caller interrupted\n"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

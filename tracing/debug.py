@@ -54,6 +54,17 @@ def reset() -> None:
         _state.clear()
 
 
+def _forget_after_fork() -> None:
+    """A forked child (``collectives.misc.forked``'s ranks) reads its own environment at its first line, as a new
+    process does; its parent's ``NCCL_DEBUG_FILE`` object is kept, not closed: it is the parent's file."""
+    _inherited.append(_state.get("out"))
+    _state.clear()
+
+
+_inherited: list = []
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
 def set_device(dev: int) -> None:
     """Record the local rank printed in ``[dev]``."""
     _init()["dev"] = dev

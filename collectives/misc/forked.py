@@ -11,17 +11,22 @@ launcher that has done it once (``collectives.preload``) forks its ranks from it
 process like an executed one, with its own memory, pid, signals and exit status; what it imported is there already.
 
 What the child does, as ``python argv...`` would: it takes the rank's environment, Python's default SIGINT handler
-and the signal mask it was forked with; it closes the launcher's inherited descriptors (``close_fds``, as Popen
+and the signal mask it was forked with, and a fresh seed for numpy's global generator (``random`` reseeds itself,
+and so do our per-process caches: ``tracing.debug``'s state and ``NCCL_DEBUG_FILE``, ``misc.param``'s logged
+variables, by ``os.register_at_fork``); it closes the launcher's inherited descriptors (``close_fds``, as Popen
 does); it sets ``sys.argv`` and ``sys.path[0]`` (the script's folder, or the working folder for ``-m``) and runs the
 script or module as ``__main__`` (``runpy``); an uncaught exception goes to ``sys.excepthook`` and exit status 1,
 ``SystemExit`` gives its code, an uncaught KeyboardInterrupt ends the process by SIGINT.  Then, as the interpreter's
-own shutdown does, it waits for non-daemon threads, runs the ``atexit`` functions, flushes stdout and stderr, and
-exits.  Unlike an executed rank, its command line (``ps``) is the launcher's, and so is the rest of its
-interpreter: the modules imported, ``sys.path`` past its first entry.
+own shutdown does, it waits for non-daemon threads, runs the ``atexit`` functions, drops the script's namespace (a
+file left open is flushed and closed), flushes stdout and stderr, and exits.  Unlike an executed rank, its command
+line (``ps``) is the launcher's, and so is the rest of its interpreter: the modules imported, ``sys.path`` past its
+first entry.
 """
 from __future__ import annotations
 
 import atexit
+import fcntl
+import gc
 import os
 import runpy
 import signal
@@ -75,6 +80,8 @@ def can_fork(argv: list[str]) -> bool:
     fork copies only the calling thread, and a lock another thread held would stay held in the child)."""
     if not hasattr(os, "fork") or threading.active_count() != 1 or not argv:
         return False
+    if signal.getsignal(signal.SIGCHLD) == signal.SIG_IGN:  # the kernel would reap the ranks before their status
+        return False
     if argv[0] == "-m":
         return len(argv) >= 2
     return not argv[0].startswith("-") and os.path.isfile(argv[0])
@@ -83,9 +90,17 @@ def can_fork(argv: list[str]) -> bool:
 def open_fds() -> set[int]:
     """This process's descriptors above stderr (what ``Popen(close_fds=True)`` keeps from its child)."""
     try:
-        return {int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2}
+        listed = {int(fd) for fd in os.listdir("/proc/self/fd") if int(fd) > 2}
     except OSError:
         return set()
+    found = set()
+    for fd in listed:  # the listing's own descriptor is closed by now, and its number free for the next open
+        try:
+            fcntl.fcntl(fd, fcntl.F_GETFD)
+            found.add(fd)
+        except OSError:
+            pass
+    return found
 
 
 def fork_python(argv: list[str], env: dict, close: set[int] = frozenset()) -> Forked:
@@ -97,7 +112,10 @@ def fork_python(argv: list[str], env: dict, close: set[int] = frozenset()) -> Fo
             pass
     pid = os.fork()
     if pid == 0:
-        _child(argv, env, close)
+        try:
+            _child(argv, env, close)
+        finally:  # whatever happens, the child never goes on with the launcher's code
+            os._exit(1)
     return Forked(pid, list(argv))
 
 
@@ -108,6 +126,9 @@ def _child(argv: list[str], env: dict, close: set[int]) -> NoReturn:
         os.environ.clear()
         os.environ.update(env)
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the launcher's own handler is not the rank's
+        legacy = sys.modules.get("numpy.random")
+        if legacy is not None:  # numpy's global generator, as a new interpreter would seed it (random's reseeds itself)
+            legacy.seed()
         for fd in close:
             try:
                 os.close(fd)
@@ -120,6 +141,9 @@ def _child(argv: list[str], env: dict, close: set[int]) -> NoReturn:
         os._exit(_shut_down(status))
 
 
+_main_globals: list = []  # the script's namespace, cleared at shutdown as the interpreter clears __main__'s
+
+
 def _run(argv: list[str]) -> int | None:
     """Run the script or module as ``__main__``; return the exit status, or None for an uncaught KeyboardInterrupt."""
     try:
@@ -127,12 +151,12 @@ def _run(argv: list[str]) -> int | None:
             if not sys.flags.safe_path:
                 sys.path[0] = os.getcwd()
             sys.argv = [argv[1], *argv[2:]]  # run_module puts the module's file in argv[0]
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+            _main_globals.append(runpy.run_module(argv[1], run_name="__main__", alter_sys=True))
         else:
             if not sys.flags.safe_path:
                 sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
             sys.argv = list(argv)
-            runpy.run_path(argv[0], run_name="__main__")
+            _main_globals.append(runpy.run_path(argv[0], run_name="__main__"))
         return 0
     except SystemExit as exc:
         return _exit_status(exc.code)
@@ -175,20 +199,26 @@ def _report(exc_type, exc, tb) -> None:
 
 
 def _shut_down(status: int | None) -> int:
-    """The interpreter's shutdown: non-daemon threads, ``atexit``, the streams.  None (KeyboardInterrupt): end by
-    SIGINT, which is how the launcher tells an interrupted rank from a failed one."""
+    """The interpreter's shutdown: non-daemon threads, ``atexit``, the script's objects (an unclosed file is
+    flushed, as finalization does), the streams.  None (KeyboardInterrupt): end by SIGINT, which is how the
+    launcher tells an interrupted rank from a failed one.  SIGINT stays blocked meanwhile: a Ctrl-C now (the
+    launcher forwards one to a rank still running) must not raise where nothing would catch it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         threading._shutdown()  # what Py_FinalizeEx calls first: wait for every non-daemon thread
     except BaseException:  # noqa: B036
         pass
     try:
         atexit._run_exitfuncs()
+        for namespace in _main_globals:
+            namespace.clear()
+        gc.collect()
     except BaseException:  # noqa: B036
         pass
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except Exception:
+        except BaseException:  # noqa: B036
             pass
     if status is None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)

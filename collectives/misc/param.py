@@ -59,6 +59,7 @@ def env_int(name: str, default: int) -> int:
 
 
 _logged: set = set()
+os.register_at_fork(after_in_child=_logged.clear)  # a forked rank logs its variables, as a new process would
 
 
 def log_once(subsys: str, msg: str) -> None:
