@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from collectives.include.bitops import div_up, u32fp_encode
-from collectives.include.device import FUNCS, NCCL_MAX_NTHREADS, NCCL_STEPS, WARP_SIZE
+from collectives.include.device import NCCL_MAX_NTHREADS, NCCL_STEPS, WARP_SIZE
 from collectives.include.protocols import LL, LL128, PROTOCOLS, SIMPLE
 from tracing import debug
 

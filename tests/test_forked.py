@@ -7,13 +7,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
 
 from collectives.job import LATE_CTRL_C_S
-from collectives.misc import forked
 from conftest import spawn_code
 
 STATE = textwrap.dedent("""
@@ -154,19 +152,30 @@ def test_a_module_runs_as_with_dash_m(tmp_path):
 
 
 def test_only_a_script_or_module_from_one_thread_is_forked(tmp_path):
+    """Asked in a new interpreter: this test process may hold threads of earlier tests (and pytest-xdist's)."""
     script = tmp_path / "s.py"
     script.write_text("")
-    assert forked.can_fork([str(script)]) and forked.can_fork(["-m", "json.tool"])
-    assert not forked.can_fork(["-c", "pass"]) and not forked.can_fork(["-m"])
-    assert not forked.can_fork([str(tmp_path / "missing.py")]) and not forked.can_fork([])
-    stop = threading.Event()
-    t = threading.Thread(target=stop.wait)
-    t.start()
-    try:
-        assert not forked.can_fork([str(script)])  # a second thread: the launcher executes its ranks instead
-    finally:
+    program = textwrap.dedent(f"""
+        import signal, threading
+        from collectives.misc import forked
+        s, missing = {str(script)!r}, {str(tmp_path / "missing.py")!r}
+        print(forked.can_fork([s]), forked.can_fork(["-m", "json.tool"]))
+        print(forked.can_fork(["-c", "pass"]), forked.can_fork(["-m"]), forked.can_fork([missing]),
+              forked.can_fork([]))
+        previous = signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel would reap the ranks unseen
+        print(forked.can_fork([s]))
+        signal.signal(signal.SIGCHLD, previous)
+        stop = threading.Event()
+        t = threading.Thread(target=stop.wait)
+        t.start()
+        print(forked.can_fork([s]))  # a second thread: the launcher executes its ranks instead
         stop.set()
         t.join()
+        print(forked.can_fork([s]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n") == ["True True", "False False False False", "False", "False", "True", ""]
 
 
 def test_a_ctrl_c_after_the_launchers_line_is_ignored(tmp_path):

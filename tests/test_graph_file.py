@@ -24,7 +24,7 @@ def test_graphs_xml_is_nccls_layout_and_reads_back(tmp_path):
                         f'"{r.ring.bw_intra:g}" speedinter="{r.ring.bw_inter:g}" latencyinter="0" typeintra="NVL" '
                         f'typeinter="{("LOC", "NVL", "NVB", "C2C", "PIX")[r.ring.type_inter]}" samechannels="'
                         f'{r.ring.same_channels}">')
-    assert lines[2:4] == ["    <channel>", f'      <gpu dev="0" rank="0"/>']
+    assert lines[2:4] == ["    <channel>", '      <gpu dev="0" rank="0"/>']
     assert lines[4] == f'      <gpu dev="{r.ring.intra[0][1]:#x}" rank="{r.ring.intra[0][1]}"/>'
     assert '<graph id="4" pattern="6" crossnic="0" nchannels="0" speedintra="0" speedinter="0" latencyinter="0" ' \
            'typeintra="LOC" typeinter="LOC" samechannels="0"/>' in text

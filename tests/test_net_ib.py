@@ -185,7 +185,7 @@ def test_no_device_selected_is_one_line(monkeypatch):
 def test_bad_rkey_is_a_remote_access_error_naming_the_peer(ib_pair):
     net, send, recv = ib_pair
     out = np.zeros(4096, np.uint8)
-    r = post(net.irecv, recv, [memoryview(out)], [4096], [0], [None])
+    post(net.irecv, recv, [memoryview(out)], [4096], [0], [None])
     end = time.monotonic() + 10
     while int(send.fifo_idx[0]) != 1 and time.monotonic() < end:
         pass

@@ -5,10 +5,6 @@ no stranger's bytes may run code or reach a reply, and a rank slot taken twice i
 """
 import os
 import re
-import socket
-import struct
-import subprocess
-import sys
 import time
 from pathlib import Path
 

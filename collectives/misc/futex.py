@@ -12,8 +12,6 @@ import ctypes
 import os
 import platform
 
-import numpy as np
-
 SLEEP_NS = 200_000
 SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine())
 FUTEX_WAIT, FUTEX_WAKE = 0, 1
