@@ -14,23 +14,33 @@ def leftover_segments() -> list[str]:
     return [n for n in os.listdir("/dev/shm") if n.startswith("nccllab-")]
 
 
-def holders(names) -> set[int]:
-    """The processes (other than this one) that map a segment of the communicators these names belong to: a
-    segment is ``nccllab-<tag>-...``, and a rank maps every segment of its communicator's tag, deleted or not.
-    Another name in /dev/shm (MPICH's) counts only its own mappings."""
-    marks = tuple({f"/dev/shm/nccllab-{n.split('-')[1]}-" if n.startswith("nccllab-") and n.count("-") >= 2
-                   else f"/dev/shm/{n}" for n in names})
-    found = set()
+def mappers(names) -> dict[str, set[int]]:
+    """Each name's processes (other than this one) that map a segment of the communicator it belongs to, from one
+    pass over /proc: a segment is ``nccllab-<tag>-...``, and a rank maps every segment of its communicator's tag,
+    deleted or not.  Another name in /dev/shm (MPICH's) counts only its own mappings."""
+    marks = {n: f"/dev/shm/nccllab-{n.split('-')[1]}-" if n.startswith("nccllab-") and n.count("-") >= 2
+             else f"/dev/shm/{n}" for n in names}
+    found: dict[str, set[int]] = {n: set() for n in marks}
+    if not marks:
+        return found
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             with open(f"/proc/{entry.name}/maps") as f:
-                if any(m in line for line in f for m in marks):
-                    found.add(int(entry.name))
+                maps = f.read()
         except OSError:  # gone meanwhile, or not ours to read
-            pass
+            continue
+        for name, mark in marks.items():
+            if mark in maps:
+                found[name].add(int(entry.name))
     return found
+
+
+def holders(names) -> set[int]:
+    """The processes (other than this one) that map a segment of the communicators these names belong to
+    (``mappers``)."""
+    return set().union(*mappers(names).values())
 
 
 def ours(pid: int) -> bool:
@@ -66,12 +76,7 @@ def others(names: set) -> set:
     processes map, which are not this test's to wait for or to blame."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
         return set()
-    found = set()
-    for name in names:
-        pids = holders({name})
-        if pids and not any(ours(p) for p in pids):
-            found.add(name)
-    return found
+    return {name for name, pids in mappers(names).items() if pids and not any(ours(p) for p in pids)}
 
 
 def wait_for_release(leaked: set, deadline_s: float = 60.0, unmapped_grace_s: float = 3.0) -> set:
@@ -103,8 +108,9 @@ def no_shm_leak():
     before = set(leftover_segments())
     yield
     leaked = wait_for_release(set(leftover_segments()) - before)
-    assert not leaked, (f"segments left in /dev/shm: {sorted(leaked)}"
-                        + (f" (still mapped by pids {sorted(holders(leaked))})" if holders(leaked) else ""))
+    held = holders(leaked)
+    assert not leaked, f"segments left in /dev/shm: {sorted(leaked)}" + (f" (still mapped by pids {sorted(held)})"
+                                                                          if held else "")
 
 
 def spawn_code(nranks: int, argv: str, nodes: int = 1) -> str:

@@ -36,15 +36,22 @@ STATE = textwrap.dedent("""
 """)
 
 
-def launch(tmp_path, script: str, nranks: int = 2, fork: bool = True, argv_tail: str = "'a', 'b c'", nodes: int = 1,
-           prefix: str = "", buffered: bool = False, env: dict | None = None) -> subprocess.CompletedProcess:
+def launch(tmp_path, script: str, nranks: int = 2, fork: bool = True, argv_tail: str = "'a', 'b c'",
+           **kwargs) -> subprocess.CompletedProcess:
+    """Run ``script`` (written to a file) as ``nranks`` ranks with arguments ``argv_tail`` (``run_launcher``)."""
     path = tmp_path / "rank_script.py"
     path.write_text(script)
+    return run_launcher(f"[{str(path)!r}, {argv_tail}]", nranks, fork, **kwargs)
+
+
+def run_launcher(argv: str, nranks: int, fork: bool, nodes: int = 1, prefix: str = "", buffered: bool = False,
+                 env: dict | None = None) -> subprocess.CompletedProcess:
+    """A test launcher (``spawn_code``) of ``argv`` (a Python expression), ``prefix`` run before it, its ranks forked
+    or executed."""
     env = {**os.environ, **(env or {}), "NCCLLAB_FORK_RANKS": "1" if fork else "0"}
     if buffered:  # the launcher's stdout (a pipe) keeps what it is given until flushed, as Python's default is
         env.pop("PYTHONUNBUFFERED", None)
-    code = prefix + "import os; os.environ['LAUNCHER_PID'] = str(os.getpid()); " + \
-        spawn_code(nranks, f"[{str(path)!r}, {argv_tail}]", nodes)
+    code = prefix + "import os; os.environ['LAUNCHER_PID'] = str(os.getpid()); " + spawn_code(nranks, argv, nodes)
     # an extra descriptor in the launcher, as a caller's open file: Popen(close_fds=True) keeps it from the ranks
     r, w = os.pipe()
     try:
@@ -143,9 +150,7 @@ def test_a_module_runs_as_with_dash_m(tmp_path):
     data.write_text('{"b": 1, "a": [2]}')
     out = {}
     for fork in (True, False):
-        env = {**os.environ, "NCCLLAB_FORK_RANKS": "1" if fork else "0"}
-        code = spawn_code(1, f"['-m', 'json.tool', '--sort-keys', {str(data)!r}]")
-        proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+        proc = run_launcher(f"['-m', 'json.tool', '--sort-keys', {str(data)!r}]", 1, fork)
         assert proc.returncode == 0, proc.stderr
         out[fork] = proc.stdout
     assert out[True] == out[False] == '{\n    "a": [\n        2\n    ],\n    "b": 1\n}\n'

@@ -103,13 +103,18 @@ def open_fds() -> set[int]:
     return found
 
 
-def fork_python(argv: list[str], env: dict, close: set[int] = frozenset()) -> Forked:
-    """Fork a child that runs ``python argv...`` (``can_fork``) with environment ``env``, closing ``close``."""
-    for stream in (sys.stdout, sys.stderr):  # else what they buffer now would be written by every child too
+def _flush_streams() -> None:
+    """stdout and stderr, whatever they are now (closed, replaced, a broken pipe: nothing to say about it)."""
+    for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (AttributeError, OSError, ValueError):
+        except Exception:
             pass
+
+
+def fork_python(argv: list[str], env: dict, close: set[int] = frozenset()) -> Forked:
+    """Fork a child that runs ``python argv...`` (``can_fork``) with environment ``env``, closing ``close``."""
+    _flush_streams()  # else what they buffer now would be written by every child too
     pid = os.fork()
     if pid == 0:
         try:
@@ -215,11 +220,7 @@ def _shut_down(status: int | None) -> int:
         gc.collect()
     except BaseException:  # noqa: B036
         pass
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: B036
-            pass
+    _flush_streams()  # (SIGINT is blocked: no KeyboardInterrupt can come out of it)
     if status is None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
